@@ -1,0 +1,7 @@
+#pragma once
+
+// Umbrella header: the whole public API of lucid-amp.
+
+#include <lucid/amp/autocast.h>
+#include <lucid/amp/grad_scaler.h>
+#include <lucid/amp/version.h>

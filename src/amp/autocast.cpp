@@ -1,0 +1,56 @@
+// lucid::amp::autocast: what torch.autocast's __enter__/__exit__ do, as a C++ guard.
+// Version differences of LibTorch's autocast state live in compat/torch_compat.h.
+
+#include <lucid/amp/autocast.h>
+
+#include "compat/torch_compat.h"
+
+namespace lucid {
+namespace amp {
+
+autocast::autocast(c10::DeviceType device_type) : device_type_(device_type) {
+  enter_(c10::nullopt, true);
+}
+
+autocast::autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled)
+    : device_type_(device_type) {
+  enter_(dtype, enabled);
+}
+
+void autocast::enter_(c10::optional<c10::ScalarType> dtype, bool enabled) {
+  compat::check_autocast_device(device_type_);
+  if (dtype.has_value()) {
+    TORCH_CHECK_VALUE(at::isFloatingType(*dtype),
+                      "lucid::amp::autocast: dtype must be a floating type such as Half or "
+                      "BFloat16, got ", *dtype, ".");
+  }
+  prev_enabled_ = compat::autocast_enabled(device_type_);
+  prev_dtype_ = compat::autocast_dtype(device_type_);
+  if (dtype.has_value()) {
+    compat::set_autocast_dtype(device_type_, *dtype);
+  }
+  compat::set_autocast_enabled(device_type_, enabled);
+  at::autocast::increment_nesting();
+}
+
+autocast::~autocast() {
+  // Leaving the outermost level drops the cached low-precision weight copies.
+  if (at::autocast::decrement_nesting() == 0) {
+    at::autocast::clear_cache();
+  }
+  compat::set_autocast_enabled(device_type_, prev_enabled_);
+  compat::set_autocast_dtype(device_type_, prev_dtype_);
+}
+
+bool is_autocast_enabled(c10::DeviceType device_type) {
+  compat::check_autocast_device(device_type);
+  return compat::autocast_enabled(device_type);
+}
+
+c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
+  compat::check_autocast_device(device_type);
+  return compat::autocast_dtype(device_type);
+}
+
+}  // namespace amp
+}  // namespace lucid

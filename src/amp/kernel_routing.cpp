@@ -1,0 +1,122 @@
+#include "amp/kernel_routing.h"
+
+#include "cpu/amp_kernels.h"
+#include "cuda/amp_aten_bridge.h"
+#include "generic/amp_ops.h"
+
+#include <atomic>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+namespace {
+
+std::atomic<bool> force_generic{false};
+
+enum class Backend { kCpu, kCuda, kGeneric };
+
+// One multi-tensor launch: the tensors of one device that one backend takes.
+struct LaunchGroup {
+  Backend backend;
+  at::Device device;
+  std::vector<at::Tensor> tensors;
+};
+
+Backend backend_for(const at::Tensor& dense) {
+  if (force_generic.load()) {
+    return Backend::kGeneric;
+  }
+  if (dense.is_cpu() && dense.is_non_overlapping_and_dense()) {
+    return Backend::kCpu;
+  }
+  // float64 goes generic on CUDA: ATen's kernel takes 1/scale in float32 only.
+  if (dense.is_cuda() && dense.scalar_type() != at::kDouble) {
+    return Backend::kCuda;
+  }
+  return Backend::kGeneric;
+}
+
+std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tensor>& grads) {
+  std::vector<LaunchGroup> groups;
+  for (const auto& grad : grads) {
+    // Sparse gradients are unscaled and checked through their values (an alias).
+    at::Tensor dense = grad.is_sparse() ? grad._values() : grad;
+    const Backend backend = backend_for(dense);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const LaunchGroup& g) {
+      return g.backend == backend && g.device == dense.device();
+    });
+    if (it == groups.end()) {
+      groups.push_back({backend, dense.device(), {}});
+      it = std::prev(groups.end());
+    }
+    it->tensors.push_back(std::move(dense));
+  }
+  return groups;
+}
+
+// Raises `found_inf` (on its own device) by a flag that lives on another device.
+void merge_found_inf(at::Tensor& found_inf, const at::Tensor& local) {
+  found_inf.copy_(at::maximum(found_inf, local.to(found_inf.device())));
+}
+
+void run_cpu_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
+  // Reading a CPU scale is no synchronisation; a device scale with CPU gradients (a
+  // model split over devices) has to come to the host once.
+  const float s = (scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>();
+  if (cpu::unscale_and_check_(group.tensors, 1.0 / static_cast<double>(s))) {
+    found_inf.fill_(1.0);
+  }
+}
+
+void run_cuda_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
+  if (found_inf.device() == group.device) {
+    cuda::unscale_and_check_(group.tensors, scale, found_inf);
+    return;
+  }
+  at::Tensor local = at::zeros({}, found_inf.options().device(group.device));
+  cuda::unscale_and_check_(group.tensors, scale, local);
+  merge_found_inf(found_inf, local);
+}
+
+}  // namespace
+
+void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                    at::Tensor& found_inf) {
+  for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
+    switch (group.backend) {
+      case Backend::kCpu:
+        run_cpu_group(group, scale, found_inf);
+        break;
+      case Backend::kCuda:
+        run_cuda_group(group, scale, found_inf);
+        break;
+      case Backend::kGeneric:
+        generic::unscale_and_check_(group.tensors, scale, found_inf);
+        break;
+    }
+  }
+}
+
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval) {
+  if (!force_generic.load() && scale.is_cpu()) {
+    cpu::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                       growth_interval);
+  } else if (!force_generic.load() && scale.is_cuda()) {
+    cuda::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                        growth_interval);
+  } else {
+    generic::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                           growth_interval);
+  }
+}
+
+ForceGenericBackendGuard::ForceGenericBackendGuard() : previous_(force_generic.exchange(true)) {}
+
+ForceGenericBackendGuard::~ForceGenericBackendGuard() { force_generic.store(previous_); }
+
+bool generic_backend_forced() { return force_generic.load(); }
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

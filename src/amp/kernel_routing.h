@@ -1,0 +1,57 @@
+#pragma once
+
+// Internal: routes unscale-and-check and the scale update to a backend (src/cpu,
+// src/cuda, src/generic) by device and dtype. Not installed; tests include it.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+// Multiplies every gradient by 1/scale in place and raises `found_inf` to 1 when any
+// unscaled value is non-finite.
+// Args:
+//   grads:     defined gradients, dense or sparse (sparse ones through their values),
+//              float32, float64 or bfloat16, on any devices. The caller has refused
+//              other dtypes already (GradScaler::unscale_); this function re-checks
+//              nothing beyond that.
+//   scale:     float32, 0-dim, on any device; never modified.
+//   found_inf: float32, 0-dim, on `scale`'s device. Pre-zeroing is the caller's job;
+//              this function only ever raises it.
+// Every gradient is divided, non-finite ones too; dtypes never change; bfloat16 is
+// unscaled and checked in float32 and rounded back once.
+void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                    at::Tensor& found_inf);
+
+// One step of the sawtooth, on the scale's device, with no host synchronisation.
+// Args:
+//   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0; by growth
+//                   after `growth_interval` clean updates, unless that overflows float32.
+//   growth_tracker: int32, 0-dim, same device: overflow-free updates since the last change.
+//   found_inf:      float32, 0-dim, same device; non-zero means overflow.
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval);
+
+// Routes every device to the generic ATen-ops backend (the path Apple MPS and other
+// devices take) while alive. Lets the tests exercise that path on CPU. Process-wide.
+class ForceGenericBackendGuard {
+ public:
+  ForceGenericBackendGuard();
+  ~ForceGenericBackendGuard();
+  ForceGenericBackendGuard(const ForceGenericBackendGuard&) = delete;
+  ForceGenericBackendGuard& operator=(const ForceGenericBackendGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether a ForceGenericBackendGuard is alive.
+bool generic_backend_forced();
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

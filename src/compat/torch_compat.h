@@ -1,0 +1,77 @@
+#pragma once
+
+// The one place that knows how LibTorch 1.13 and 2.x differ. Everything else calls
+// these names only.
+//
+// Autocast state: 1.13 has one pair of functions per device (is_enabled/set_enabled for
+// CUDA, is_cpu_enabled/..., get_autocast_gpu_dtype/...); 2.4 and later take the device
+// type as an argument and deprecate the per-device names.
+
+#include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/version.h>
+
+#define LUCID_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||        \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace lucid {
+namespace compat {
+
+inline void check_autocast_device(c10::DeviceType device_type) {
+#if LUCID_TORCH_AT_LEAST(2, 4)
+  TORCH_CHECK_NOT_IMPLEMENTED(at::autocast::is_autocast_available(device_type),
+                              "lucid::amp::autocast: LibTorch has no autocast for device type ",
+                              device_type, ".");
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA,
+      "lucid::amp::autocast: LibTorch ", TORCH_VERSION,
+      " has autocast for CPU and CUDA only, got device type ", device_type, ".");
+#endif
+}
+
+inline bool autocast_enabled(c10::DeviceType device_type) {
+#if LUCID_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device_type);
+#else
+  return device_type == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled()
+                                             : at::autocast::is_enabled();
+#endif
+}
+
+inline void set_autocast_enabled(c10::DeviceType device_type, bool enabled) {
+#if LUCID_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device_type, enabled);
+#else
+  if (device_type == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+  } else {
+    at::autocast::set_enabled(enabled);
+  }
+#endif
+}
+
+inline c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
+#if LUCID_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device_type);
+#else
+  return device_type == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
+                                             : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+inline void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
+#if LUCID_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device_type, dtype);
+#else
+  if (device_type == c10::DeviceType::CPU) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
+
+}  // namespace compat
+}  // namespace lucid

@@ -1,0 +1,128 @@
+// CPU multi-tensor unscale-and-check.
+//
+// NOTE: [CPU unscale kernel]
+// The pass is memory-bound: each gradient element is read once and written once, so the
+// goal is the bandwidth of a plain copy_ of the same bytes. Three choices get there:
+//  * Work is cut into fixed chunks across all tensors, so one huge tensor and many
+//    small ones both spread evenly over ATen's thread pool (at::parallel_for).
+//  * The finiteness test is integer arithmetic on the bits (exponent all ones) ORed
+//    into a flag with no branch, so the compiler vectorises the loop; a branch on
+//    std::isfinite would stop that.
+//  * bfloat16 is widened by a shift, multiplied in float32 and rounded back to nearest
+//    even with integer ops, once, as c10::BFloat16 rounds.
+// Each thread keeps its own flag and publishes it once, so threads never share a line.
+
+#include "cpu/amp_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace lucid {
+namespace amp {
+namespace cpu {
+namespace {
+
+// 64 Ki elements (256 KiB of float32): large enough to amortise task dispatch, small
+// enough that a few hundred MiB of gradients make many more chunks than threads.
+constexpr int64_t kChunkElements = int64_t{1} << 16;
+
+constexpr uint32_t kF32ExponentMask = 0x7f800000u;
+constexpr uint64_t kF64ExponentMask = 0x7ff0000000000000ull;
+constexpr uint16_t kBF16QuietNaN = 0x7fc0;
+
+struct Span {
+  void* data;
+  int64_t numel;
+  at::ScalarType dtype;
+};
+
+bool unscale_span_f32(float* p, int64_t n, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float y = p[i] * inv;
+    p[i] = y;
+    uint32_t bits;
+    std::memcpy(&bits, &y, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & kF32ExponentMask) == kF32ExponentMask);
+  }
+  return bad != 0;
+}
+
+bool unscale_span_f64(double* p, int64_t n, double inv) {
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double y = p[i] * inv;
+    p[i] = y;
+    uint64_t bits;
+    std::memcpy(&bits, &y, sizeof bits);
+    bad |= static_cast<uint64_t>((bits & kF64ExponentMask) == kF64ExponentMask);
+  }
+  return bad != 0;
+}
+
+bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(p[i]) << 16;
+    float x;
+    std::memcpy(&x, &widened, sizeof x);
+    const float y = x * inv;
+    uint32_t bits;
+    std::memcpy(&bits, &y, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & kF32ExponentMask) == kF32ExponentMask);
+    const bool is_nan = (bits & 0x7fffffffu) > kF32ExponentMask;
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    p[i] = is_nan ? kBF16QuietNaN : static_cast<uint16_t>(rounded);
+  }
+  return bad != 0;
+}
+
+bool unscale_span(const Span& span, float inv_f32, double inv_f64) {
+  switch (span.dtype) {
+    case at::kFloat:
+      return unscale_span_f32(static_cast<float*>(span.data), span.numel, inv_f32);
+    case at::kDouble:
+      return unscale_span_f64(static_cast<double*>(span.data), span.numel, inv_f64);
+    case at::kBFloat16:
+      return unscale_span_bf16(static_cast<uint16_t*>(span.data), span.numel, inv_f32);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "lucid-amp CPU unscale got dtype ", span.dtype);
+  }
+}
+
+std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads) {
+  std::vector<Span> spans;
+  for (const auto& g : grads) {
+    auto* base = static_cast<char*>(g.data_ptr());
+    const int64_t item = static_cast<int64_t>(g.element_size());
+    for (int64_t off = 0; off < g.numel(); off += kChunkElements) {
+      spans.push_back({base + off * item, std::min(kChunkElements, g.numel() - off),
+                       g.scalar_type()});
+    }
+  }
+  return spans;
+}
+
+}  // namespace
+
+bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale) {
+  const std::vector<Span> spans = split_into_chunks(grads);
+  const float inv_f32 = static_cast<float>(inv_scale);
+  std::atomic<bool> found{false};
+  at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
+    bool local = false;
+    for (int64_t i = begin; i < end; ++i) {
+      local |= unscale_span(spans[i], inv_f32, inv_scale);
+    }
+    if (local) {
+      found.store(true, std::memory_order_relaxed);
+    }
+  });
+  return found.load();
+}
+
+}  // namespace cpu
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,43 @@
+#include "generic/amp_ops.h"
+
+namespace lucid {
+namespace amp {
+namespace generic {
+
+void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                        at::Tensor& found_inf) {
+  for (const auto& grad : grads) {
+    // float64 is unscaled in float64; float32 and bfloat16 in float32 (opmath).
+    const at::ScalarType opmath =
+        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor inv_scale =
+        scale.to(grad.device(), at::kDouble).reciprocal().to(opmath);
+    at::Tensor work = grad.scalar_type() == opmath ? grad : grad.to(opmath);
+    work.mul_(inv_scale);
+    const at::Tensor bad = work.isfinite().logical_not().any();
+    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+    if (!work.is_same(grad)) {
+      grad.copy_(work);  // the single rounding back to the gradient's dtype
+    }
+  }
+}
+
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval) {
+  // Same decisions as cpu::next_scale_state, written as selects on the device.
+  const at::Tensor found = found_inf.ne(0);
+  const at::Tensor successful = growth_tracker + 1;
+  const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
+  const at::Tensor grown = scale * growth_factor;
+  const at::Tensor grown_ok = grow.logical_and(grown.isfinite());
+  const at::Tensor new_scale =
+      at::where(found, scale * backoff_factor, at::where(grown_ok, grown, scale));
+  const at::Tensor new_tracker =
+      at::where(found.logical_or(grow), at::zeros_like(successful), successful);
+  scale.copy_(new_scale);
+  growth_tracker.copy_(new_tracker);
+}
+
+}  // namespace generic
+}  // namespace amp
+}  // namespace lucid

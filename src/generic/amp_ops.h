@@ -1,0 +1,27 @@
+#pragma once
+
+// Generic backend built from ATen operations: runs on any LibTorch device (Apple MPS,
+// XPU, ...), one tensor at a time, with no host synchronisation. Unchecked on purpose:
+// src/amp/kernel_routing.cpp owns the preconditions (see kernel_routing.h).
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace lucid {
+namespace amp {
+namespace generic {
+
+// Unscales each dense gradient (float32, float64 or bfloat16, any device) and raises
+// `found_inf` (float32, 0-dim, any device) to 1 when a value is non-finite.
+void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                        at::Tensor& found_inf);
+
+// The scale update as tensor ops on the scale's own device.
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval);
+
+}  // namespace generic
+}  // namespace amp
+}  // namespace lucid
