@@ -1,1 +1,103 @@
+// lucid::amp::autocast on CPU (bfloat16, the only CPU autocast dtype LibTorch 1.13 has).
+
 #include <gtest/gtest.h>
+
+#include <lucid/amp.h>
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+namespace {
+
+using lucid::amp::autocast;
+using lucid::amp::autocast_dtype;
+using lucid::amp::is_autocast_enabled;
+
+TEST(Autocast, GuardEnablesCpuAutocastAndRestoresOnExit) {
+  ASSERT_FALSE(is_autocast_enabled(torch::kCPU));
+  {
+    autocast guard(torch::kCPU);
+    EXPECT_TRUE(is_autocast_enabled(torch::kCPU));
+    EXPECT_EQ(guard.device_type(), torch::kCPU);
+  }
+  EXPECT_FALSE(is_autocast_enabled(torch::kCPU));
+}
+
+TEST(Autocast, ForwardRunsInBFloat16WhileParametersStayFloat32) {
+  torch::nn::Linear model(4, 3);
+  auto x = torch::randn({2, 4});
+  torch::Tensor out;
+  {
+    autocast guard(torch::kCPU, torch::kBFloat16);
+    out = model->forward(x);
+  }
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(model->weight.scalar_type(), torch::kFloat);
+  out.to(torch::kFloat).sum().backward();
+  EXPECT_EQ(model->weight.grad().scalar_type(), torch::kFloat);
+  // Outside the guard the same forward is float32 again.
+  EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat);
+}
+
+// LibTorch 1.13's CPU autocast accepts bfloat16 only; 2.x takes float16 too, which
+// lets the inner level change the dtype.
+#if TORCH_VERSION_MAJOR >= 2
+constexpr auto kInnerCpuDtype = torch::kHalf;
+#else
+constexpr auto kInnerCpuDtype = torch::kBFloat16;
+#endif
+
+TEST(Autocast, NestedLevelsRestoreEnabledFlagAndDtype) {
+  const auto dtype_before = autocast_dtype(torch::kCPU);
+  {
+    autocast outer(torch::kCPU, torch::kBFloat16, true);
+    {
+      autocast inner(torch::kCPU, kInnerCpuDtype, /*enabled=*/false);
+      EXPECT_FALSE(is_autocast_enabled(torch::kCPU));
+      EXPECT_EQ(autocast_dtype(torch::kCPU), kInnerCpuDtype);
+    }
+    EXPECT_TRUE(is_autocast_enabled(torch::kCPU));
+    EXPECT_EQ(autocast_dtype(torch::kCPU), torch::kBFloat16);
+  }
+  EXPECT_FALSE(is_autocast_enabled(torch::kCPU));
+  EXPECT_EQ(autocast_dtype(torch::kCPU), dtype_before);
+}
+
+TEST(Autocast, DefaultDtypeIsTheDevicesAutocastDefault) {
+  const auto dtype_before = autocast_dtype(torch::kCPU);
+  autocast guard(torch::kCPU);
+  EXPECT_EQ(autocast_dtype(torch::kCPU), dtype_before);
+}
+
+// The weight cache holds one low-precision copy of each float32 leaf per autocast
+// region: the same copy inside nested levels, a new one after the outermost exit.
+TEST(Autocast, OutermostExitClearsTheWeightCacheInnerExitDoesNot) {
+  auto weight = torch::randn({4, 4}, torch::requires_grad());
+  torch::Tensor first, after_inner;
+  {
+    autocast outer(torch::kCPU, torch::kBFloat16);
+    first = at::autocast::cached_cast(torch::kBFloat16, weight, torch::kCPU);
+    EXPECT_TRUE(first.is_same(at::autocast::cached_cast(torch::kBFloat16, weight, torch::kCPU)));
+    { autocast inner(torch::kCPU, torch::kBFloat16); }
+    after_inner = at::autocast::cached_cast(torch::kBFloat16, weight, torch::kCPU);
+    EXPECT_TRUE(first.is_same(after_inner));
+  }
+  autocast again(torch::kCPU, torch::kBFloat16);
+  EXPECT_FALSE(first.is_same(at::autocast::cached_cast(torch::kBFloat16, weight, torch::kCPU)));
+}
+
+TEST(Autocast, NonFloatingDtypeIsAValueError) {
+  EXPECT_THROW(autocast(torch::kCPU, torch::kInt), c10::ValueError);
+  EXPECT_FALSE(is_autocast_enabled(torch::kCPU));
+}
+
+TEST(Autocast, DeviceWithoutAutocastIsNotImplemented) {
+  try {
+    autocast guard(c10::DeviceType::FPGA);
+    FAIL() << "expected c10::NotImplementedError";
+  } catch (const c10::NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("autocast"), std::string::npos);
+  }
+}
+
+}  // namespace

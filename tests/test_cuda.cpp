@@ -1,1 +1,219 @@
+// GradScaler on CUDA: run on the GPU machine (LibTorch 2.11 + CUDA); every test skips
+// where no GPU is visible.
+
 #include <gtest/gtest.h>
+
+#include <lucid/amp.h>
+#include <torch/torch.h>
+
+#include "amp/kernel_routing.h"
+
+#ifdef LUCID_AMP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <limits>
+
+namespace {
+
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+
+class Cuda : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) {
+      GTEST_SKIP() << "no CUDA device visible";
+    }
+  }
+  const torch::Device gpu{torch::kCUDA, 0};
+};
+
+// A SGD optimizer over one parameter whose gradient is set by hand.
+struct OneParam {
+  torch::Tensor param;
+  torch::optim::SGD optimizer;
+  explicit OneParam(torch::Tensor p)
+      : param(p.requires_grad_()), optimizer({param}, torch::optim::SGDOptions(0.1)) {}
+  void set_grad(const torch::Tensor& g) { param.mutable_grad() = g.clone(); }
+};
+
+TEST_F(Cuda, Float32GradientsAreUnscaledOnTheGpuAndTheScaleStaysThere) {
+  torch::manual_seed(1);
+  torch::nn::Linear model(16, 4);
+  model->to(gpu);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto x = torch::randn({8, 16}, gpu);
+  auto loss = model->forward(x).pow(2).mean();
+  auto reference = torch::autograd::grad({loss}, {model->weight}, {}, /*retain_graph=*/true)[0];
+  GradScaler scaler;
+  scaler.scale(loss).backward();
+  ASSERT_TRUE(scaler.scale_tensor().is_cuda());
+  scaler.unscale_(optimizer);
+  EXPECT_TRUE(torch::allclose(model->weight.grad(), reference, 1e-5, 1e-6));
+  EXPECT_TRUE(scaler.step(optimizer).has_value());
+  scaler.update();
+  EXPECT_TRUE(scaler.scale_tensor().is_cuda());
+  EXPECT_EQ(scaler.get_scale(), 65536.0);
+}
+
+TEST_F(Cuda, OverflowOnTheGpuSkipsTheStepAndBacksOff) {
+  OneParam p(torch::ones({1000}, gpu));
+  GradScaler scaler;
+  scaler.scale(torch::ones({}, gpu));
+  auto g = torch::ones({1000}, gpu);
+  g[999] = std::numeric_limits<float>::infinity();
+  p.set_grad(g);
+  const auto before = p.param.detach().clone();
+  EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+  EXPECT_TRUE(torch::equal(p.param.detach(), before));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
+TEST_F(Cuda, BFloat16GradientsAreUnscaledInFloat32AndRoundedOnce) {
+  OneParam p(torch::ones({4097}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
+  GradScaler scaler(GradScalerOptions().init_scale(3.0));
+  const auto g = (torch::randn({4097}, gpu) * 100).to(torch::kBFloat16);
+  p.set_grad(g);
+  scaler.unscale_(p.optimizer);
+  const auto expected = (g.to(torch::kFloat) * static_cast<float>(1.0 / 3.0)).to(torch::kBFloat16);
+  EXPECT_EQ(p.param.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(p.param.grad(), expected));
+}
+
+TEST_F(Cuda, BFloat16OverflowIsDetectedOnTheGpu) {
+  OneParam p(torch::ones({10}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
+  GradScaler scaler;
+  auto g = torch::ones({10}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu));
+  g[3] = std::numeric_limits<float>::quiet_NaN();
+  p.set_grad(g);
+  EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+}
+
+TEST_F(Cuda, Float64GradientsAreUnscaledInFloat64) {
+  OneParam p(torch::ones({100}, torch::TensorOptions().dtype(torch::kDouble).device(gpu)));
+  GradScaler scaler(GradScalerOptions().init_scale(3.0));
+  const auto g = torch::randn({100}, torch::TensorOptions().dtype(torch::kDouble).device(gpu));
+  p.set_grad(g);
+  scaler.unscale_(p.optimizer);
+  EXPECT_EQ(p.param.grad().scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::allclose(p.param.grad(), g / 3.0, 1e-15, 0.0));
+}
+
+TEST_F(Cuda, ModelSplitOverCpuAndGpuIsUnscaledAndCheckedOnBothDevices) {
+  torch::manual_seed(2);
+  torch::nn::Linear first(8, 8);  // stays on the CPU
+  torch::nn::Linear second(8, 2);
+  second->to(gpu);
+  std::vector<torch::Tensor> params = first->parameters();
+  for (const auto& p : second->parameters()) {
+    params.push_back(p);
+  }
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.1));
+  auto forward = [&] {
+    return second->forward(first->forward(torch::randn({4, 8})).to(gpu)).pow(2).mean();
+  };
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0));
+
+  auto loss = forward();
+  const auto refs = torch::autograd::grad({loss}, {first->weight, second->weight}, {}, true);
+  scaler.scale(loss).backward();
+  scaler.unscale_(optimizer);
+  EXPECT_TRUE(torch::allclose(first->weight.grad(), refs[0], 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(second->weight.grad(), refs[1], 1e-5, 1e-6));
+  EXPECT_TRUE(scaler.step(optimizer).has_value());
+  scaler.update();
+
+  // An overflow on the CPU side must skip the step although the scale lives on the GPU.
+  optimizer.zero_grad();
+  scaler.scale(forward()).backward();
+  first->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(scaler.step(optimizer).has_value());
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+}
+
+TEST_F(Cuda, ScheduleOnTheGpuEqualsTheScheduleOnTheCpu) {
+  std::vector<double> scales[2];
+  for (int d = 0; d < 2; ++d) {
+    const torch::Device device = d == 0 ? torch::Device(torch::kCPU) : gpu;
+    OneParam p(torch::ones({8}, device));
+    GradScaler scaler(GradScalerOptions().init_scale(100.0).growth_factor(1.7).backoff_factor(0.3).growth_interval(2));
+    for (int i = 0; i < 12; ++i) {
+      scaler.scale(torch::ones({}, device));
+      auto g = torch::ones({8}, device);
+      if (i % 5 == 2) {
+        g[1] = std::numeric_limits<float>::infinity();
+      }
+      p.set_grad(g);
+      scaler.step(p.optimizer);
+      scaler.update();
+      scales[d].push_back(scaler.get_scale());
+    }
+  }
+  EXPECT_EQ(scales[0], scales[1]);
+}
+
+TEST_F(Cuda, GenericBackendForcedOnTheGpuGivesTheSameResults) {
+  lucid::amp::detail::ForceGenericBackendGuard guard;
+  OneParam p(torch::ones({1000}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  const auto g = (torch::randn({1000}, gpu) * 10).to(torch::kBFloat16);
+  p.set_grad(g);
+  scaler.unscale_(p.optimizer);
+  EXPECT_TRUE(torch::equal(p.param.grad(), (g.to(torch::kFloat) * 0.25f).to(torch::kBFloat16)));
+  EXPECT_TRUE(scaler.step(p.optimizer).has_value());
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+#ifdef LUCID_AMP_WITH_CUDA
+// With CUDA's sync debug mode set to error, any host synchronisation throws.
+struct SyncsAreErrors {
+  SyncsAreErrors() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  }
+  ~SyncsAreErrors() {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+};
+
+TEST_F(Cuda, ScaleUnscaleAndUpdateNeverSynchroniseWithTheHost) {
+  torch::nn::Linear model(32, 32);
+  model->to(gpu);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  auto x = torch::randn({4, 32}, gpu);
+  {
+    SyncsAreErrors no_syncs;
+    auto scaled = scaler.scale(model->forward(x).pow(2).mean());
+    scaled.backward();
+    scaler.unscale_(optimizer);
+  }
+  EXPECT_TRUE(scaler.step(optimizer).has_value());  // the one allowed 4-byte read
+  {
+    SyncsAreErrors no_syncs;
+    EXPECT_NO_THROW(scaler.update());
+  }
+}
+#endif
+
+TEST_F(Cuda, AutocastRunsTheForwardInFloat16AndNestsDtypes) {
+  torch::nn::Linear model(8, 8);
+  model->to(gpu);
+  auto x = torch::randn({2, 8}, gpu);
+  {
+    lucid::amp::autocast outer(torch::kCUDA);
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kHalf);
+    {
+      lucid::amp::autocast inner(torch::kCUDA, torch::kBFloat16);
+      EXPECT_EQ(model->forward(x).scalar_type(), torch::kBFloat16);
+    }
+    EXPECT_EQ(model->forward(x).scalar_type(), torch::kHalf);
+  }
+  EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat);
+  EXPECT_EQ(model->weight.scalar_type(), torch::kFloat);
+}
+
+}  // namespace

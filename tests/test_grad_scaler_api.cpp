@@ -1,1 +1,1032 @@
+// GradScaler's public behaviour, one TEST per documented behaviour of
+// ../shared/spec/seed-GradScaler.txt and ../shared/spec/cpp-api.md: scale(), the
+// scale/step/update loop, the per-optimizer stage machine, closures, the disabled
+// pass-through, refused gradient dtypes, unscaling per dtype, non-finite gradients,
+// sparse gradients, several optimizers, and the growth/backoff schedule.
+//
+// The numeric behaviours run twice (suite GradScalerBackend): on the native backends
+// and with lucid::amp::detail::ForceGenericBackendGuard routing every device to the
+// generic ATen-ops path (the path Apple MPS and other devices take).
+
+#include <lucid/amp.h>
+#include <torch/torch.h>
+
 #include <gtest/gtest.h>
+
+#include "amp/kernel_routing.h"
+
+#include <cfloat>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+namespace {
+
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+using lucid::amp::OptimizerStage;
+
+constexpr double kDefaultScale = 65536.0;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// ---------------------------------------------------------------------------------------
+// Exact error types. c10::ValueError and c10::NotImplementedError derive from c10::Error,
+// so EXPECT_THROW(..., c10::Error) alone would accept any of the three; this helper
+// names the exact type thrown and checks part of the message.
+
+enum class ErrorKind { kError, kValueError, kNotImplementedError };
+
+const char* kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kError:
+      return "c10::Error";
+    case ErrorKind::kValueError:
+      return "c10::ValueError";
+    case ErrorKind::kNotImplementedError:
+      return "c10::NotImplementedError";
+  }
+  return "?";
+}
+
+// Succeeds when `f` throws exactly `kind` (not a subclass of it, not another subclass
+// of c10::Error) with `needle` in its message.
+template <typename F>
+::testing::AssertionResult ThrowsExactly(ErrorKind kind, const std::string& needle, F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    ErrorKind seen;
+    if (typeid(e) == typeid(c10::NotImplementedError)) {
+      seen = ErrorKind::kNotImplementedError;
+    } else if (typeid(e) == typeid(c10::ValueError)) {
+      seen = ErrorKind::kValueError;
+    } else if (typeid(e) == typeid(c10::Error)) {
+      seen = ErrorKind::kError;
+    } else {
+      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got another "
+                                           << "c10::Error subclass (" << typeid(e).name()
+                                           << "): " << msg;
+    }
+    if (seen != kind) {
+      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got "
+                                           << kind_name(seen) << ": " << msg;
+    }
+    if (msg.find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << kind_name(kind) << " message lacks \"" << needle
+                                           << "\": " << msg;
+    }
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "expected " << kind_name(kind)
+                                         << ", got a non-c10 exception: " << e.what();
+  } catch (...) {
+    return ::testing::AssertionFailure() << "expected " << kind_name(kind)
+                                         << ", got an unknown exception";
+  }
+  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing thrown";
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixtures.
+
+// A float32 parameter whose gradient the test sets by hand, in its own SGD (lr 1).
+struct HandParam {
+  torch::Tensor param;
+  torch::optim::SGD opt;
+
+  explicit HandParam(std::vector<float> values, double lr = 1.0)
+      : param(torch::tensor(values).requires_grad_()),
+        opt(std::vector<torch::Tensor>{param}, torch::optim::SGDOptions(lr)) {}
+
+  void set_grad(const torch::Tensor& grad) { param.mutable_grad() = grad; }
+  torch::Tensor grad() const { return param.grad(); }
+};
+
+// SGD whose step() returns a tensor the test can recognise and counts its calls, to
+// check that GradScaler::step returns what optimizer.step() returned, or skips it.
+class MarkingSGD : public torch::optim::SGD {
+ public:
+  MarkingSGD(std::vector<torch::Tensor> params, double lr)
+      : torch::optim::SGD(std::move(params), torch::optim::SGDOptions(lr)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    ++calls;
+    torch::optim::SGD::step(std::move(closure));
+    return marker;
+  }
+
+  torch::Tensor marker = torch::full({}, 42.0);
+  int calls = 0;
+};
+
+std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) {
+    out.push_back(t.detach().clone());
+  }
+  return out;
+}
+
+bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A float32 gradient with known values (as if backward() of a loss scaled by `s` had
+// produced s * values).
+torch::Tensor scaled(std::vector<float> values, double s) {
+  return torch::tensor(values) * s;
+}
+
+// `got` is `want` or one of its two float neighbours.
+template <typename T>
+bool within_one_ulp(T got, T want) {
+  return got == want || got == std::nextafter(want, std::numeric_limits<T>::infinity()) ||
+         got == std::nextafter(want, -std::numeric_limits<T>::infinity());
+}
+
+// Makes `scaler` create its scale on the CPU, so that update() runs the device-side
+// update (CPU kernel, or the generic ops when forced) rather than the host copy.
+void materialise_scale(GradScaler& scaler) { scaler.scale(torch::ones({})); }
+
+// Records an overflow (or none) for the next update(), through a throw-away optimizer.
+void record_iteration(GradScaler& scaler, bool overflow) {
+  HandParam p({1.0f});
+  p.set_grad(torch::tensor({overflow ? kInf : 1.0f}));
+  scaler.unscale_(p.opt);
+  scaler.update();
+}
+
+// ---------------------------------------------------------------------------------------
+// scale()
+
+TEST(GradScalerScale, ReturnsOutputsTimesScaleWithSameShape) {
+  GradScaler scaler;
+  const auto loss = torch::scalar_tensor(1.5);
+  const auto out = scaler.scale(loss);
+  EXPECT_EQ(out.dim(), 0) << "a 0-dim loss must stay 0-dim, got sizes " << out.sizes();
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  EXPECT_EQ(out.item<float>(), 1.5f * 65536.0f);
+
+  torch::manual_seed(0);
+  const auto column = torch::randn({8, 1});
+  const auto out2 = scaler.scale(column);
+  EXPECT_EQ(out2.sizes(), column.sizes());
+  EXPECT_TRUE(torch::equal(out2, column * 65536.0));
+}
+
+TEST(GradScalerScale, UsesTheCurrentScaleAfterUpdate) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  EXPECT_EQ(scaler.scale(torch::scalar_tensor(3.0)).item<float>(), 24.0f);
+  scaler.update(0.25);
+  EXPECT_EQ(scaler.scale(torch::scalar_tensor(3.0)).item<float>(), 0.75f);
+}
+
+TEST(GradScalerScale, KeepsTheAutogradGraph) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0));
+  const auto x = torch::tensor({1.0f, -2.0f, 3.0f}).requires_grad_();
+  const auto loss = (x * x).sum();
+  const auto out = scaler.scale(loss);
+  ASSERT_TRUE(out.requires_grad());
+  out.backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_TRUE(torch::equal(x.grad(), torch::tensor({2.0f, -4.0f, 6.0f}) * 1024.0))
+      << x.grad();
+}
+
+TEST(GradScalerScale, Float16OutputIsPromotedToFloat32AndDoesNotOverflow) {
+  GradScaler scaler;
+  const auto loss = torch::full({}, 2.0, torch::kHalf);
+  const auto out = scaler.scale(loss);
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  EXPECT_EQ(out.dim(), 0);
+  EXPECT_EQ(out.item<float>(), 131072.0f) << "an fp16 loss of 2 times 65536 must not be inf";
+}
+
+TEST(GradScalerScale, BFloat16OutputIsPromotedToFloat32) {
+  GradScaler scaler(GradScalerOptions().init_scale(3.0));
+  // 1.0078125 is exact in bfloat16; times 3 it is not (bfloat16 would round it to 3.03125).
+  const auto loss = torch::full({2}, 1.0078125, torch::kBFloat16);
+  const auto out = scaler.scale(loss);
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  EXPECT_EQ(out.sizes(), loss.sizes());
+  EXPECT_EQ(out[0].item<float>(), 3.0234375f);
+}
+
+TEST(GradScalerScale, Float64OutputStaysFloat64) {
+  GradScaler scaler;
+  const double value = 1.0 + 1e-12;  // not representable in float32
+  const auto out = scaler.scale(torch::full({3}, value, torch::kDouble));
+  EXPECT_EQ(out.scalar_type(), torch::kDouble);
+  EXPECT_EQ(out[1].item<double>(), value * kDefaultScale);
+}
+
+TEST(GradScalerScale, VectorFormScalesEachElement) {
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  const std::vector<torch::Tensor> outputs = {torch::scalar_tensor(1.0),
+                                              torch::full({2, 3}, 0.5, torch::kBFloat16),
+                                              torch::full({4}, 2.0, torch::kDouble)};
+  const auto out = scaler.scale(outputs);
+  ASSERT_EQ(out.size(), outputs.size());
+  EXPECT_EQ(out[0].dim(), 0);
+  EXPECT_EQ(out[0].item<float>(), 4.0f);
+  EXPECT_EQ(out[1].sizes(), outputs[1].sizes());
+  EXPECT_EQ(out[1].scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(out[1], torch::full({2, 3}, 2.0)));
+  EXPECT_EQ(out[2].scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::equal(out[2], torch::full({4}, 8.0, torch::kDouble)));
+}
+
+TEST(GradScalerScale, DisabledReturnsTheInputItself) {
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  const auto loss = torch::full({}, 2.0, torch::kHalf);
+  EXPECT_TRUE(scaler.scale(loss).is_same(loss));
+  const std::vector<torch::Tensor> outputs = {torch::ones({2}), torch::zeros({})};
+  const auto out = scaler.scale(outputs);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].is_same(outputs[0]));
+  EXPECT_TRUE(out[1].is_same(outputs[1]));
+}
+
+// ---------------------------------------------------------------------------------------
+// The scale / step / update loop.
+
+TEST(GradScalerLoop, ScaleStepUpdateTrainsASmallModel) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01));
+  torch::nn::MSELoss loss_fn;
+  GradScaler scaler;
+  const auto before = clone_all(model->parameters());
+  for (int i = 0; i < 3; ++i) {
+    const auto x = torch::randn({8, 4}), y = torch::randn({8, 1});
+    optimizer.zero_grad();
+    const auto loss = loss_fn(model->forward(x), y);
+    scaler.scale(loss).backward();
+    EXPECT_TRUE(scaler.step(optimizer).has_value()) << "iteration " << i;
+    scaler.update();
+  }
+  const auto after = model->parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_FALSE(torch::equal(after[i], before[i])) << "parameter " << i << " never moved";
+  }
+  EXPECT_EQ(scaler.get_scale(), kDefaultScale);
+}
+
+TEST(GradScalerLoop, StepReturnsWhatOptimizerStepReturned) {
+  HandParam p({1.0f, 2.0f});
+  MarkingSGD opt({p.param}, 1.0);
+  GradScaler scaler;
+  p.set_grad(scaled({0.5f, 0.25f}, kDefaultScale));
+  const auto result = scaler.step(opt);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(opt.calls, 1);
+  EXPECT_TRUE(result->is_same(opt.marker)) << "step must hand back optimizer.step()'s tensor";
+  EXPECT_TRUE(torch::equal(p.param.detach(), torch::tensor({0.5f, 1.75f})));
+}
+
+TEST(GradScalerLoop, StepReturnsUndefinedTensorWhenOptimizerReturnsNone) {
+  // torch::optim::SGD::step() without a closure returns an undefined tensor.
+  HandParam p({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  const auto result = scaler.step(p.opt);
+  ASSERT_TRUE(result.has_value()) << "an optimizer step that ran must not read as skipped";
+  EXPECT_FALSE(result->defined());
+  EXPECT_EQ(p.param.item<float>(), 0.0f);
+}
+
+TEST(GradScalerLoop, StepIsSkippedWhenAGradientHoldsInf) {
+  HandParam p({1.0f, 2.0f});
+  MarkingSGD opt({p.param}, 1.0);
+  GradScaler scaler;
+  p.set_grad(torch::tensor({1.0f, kInf}));
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_TRUE(torch::equal(p.param.detach(), torch::tensor({1.0f, 2.0f})));
+}
+
+TEST(GradScalerLoop, StepIsSkippedWhenAGradientHoldsNaN) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 1);
+  MarkingSGD opt(model->parameters(), 0.1);
+  GradScaler scaler;
+  scaler.scale(model->forward(torch::randn({8, 4})).sum()).backward();
+  model->bias.grad().fill_(kNaN);
+  const auto before = clone_all(model->parameters());
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_TRUE(all_equal(clone_all(model->parameters()), before));
+}
+
+// ---------------------------------------------------------------------------------------
+// The per-optimizer stage machine: ready -> unscaled -> stepped, update -> ready.
+
+TEST(GradScalerStages, StageAccessorFollowsReadyUnscaledStepped) {
+  HandParam p({1.0f});
+  HandParam never_seen({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady);
+  scaler.unscale_(p.opt);
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kUnscaled);
+  scaler.step(p.opt);
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kStepped);
+  EXPECT_EQ(scaler.stage(never_seen.opt), OptimizerStage::kReady);
+  scaler.update();
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady);
+}
+
+TEST(GradScalerStages, StepWithoutUnscaleMovesReadyToStepped) {
+  HandParam p({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  scaler.step(p.opt);
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kStepped);
+}
+
+TEST(GradScalerStages, UnscaleTwiceThrowsRuntimeError) {
+  HandParam p({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({3.0f}, kDefaultScale));
+  scaler.unscale_(p.opt);
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "already been called",
+                            [&] { scaler.unscale_(p.opt); }));
+  EXPECT_EQ(p.grad().item<float>(), 3.0f) << "the refused unscale_ divided again";
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kUnscaled);
+}
+
+TEST(GradScalerStages, UnscaleAfterStepThrowsRuntimeError) {
+  HandParam p({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({3.0f}, kDefaultScale));
+  scaler.step(p.opt);
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "after step", [&] { scaler.unscale_(p.opt); }));
+  EXPECT_EQ(p.grad().item<float>(), 3.0f);
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kStepped);
+}
+
+TEST(GradScalerStages, StepTwiceBeforeUpdateThrowsRuntimeError) {
+  HandParam p({10.0f});
+  MarkingSGD opt({p.param}, 1.0);
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  ASSERT_TRUE(scaler.step(opt).has_value());
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "already been called", [&] { scaler.step(opt); }));
+  EXPECT_EQ(opt.calls, 1);
+  EXPECT_EQ(p.param.item<float>(), 9.0f);
+}
+
+TEST(GradScalerStages, StepTwiceAfterASkippedStepThrowsRuntimeError) {
+  HandParam p({10.0f});
+  GradScaler scaler;
+  p.set_grad(torch::tensor({kInf}));
+  ASSERT_FALSE(scaler.step(p.opt).has_value());
+  EXPECT_TRUE(
+      ThrowsExactly(ErrorKind::kError, "already been called", [&] { scaler.step(p.opt); }));
+}
+
+TEST(GradScalerStages, UpdateReturnsEveryOptimizerToReady) {
+  HandParam a({1.0f}), b({1.0f});
+  GradScaler scaler;
+  a.set_grad(scaled({1.0f}, kDefaultScale));
+  b.set_grad(scaled({1.0f}, kDefaultScale));
+  scaler.unscale_(a.opt);
+  scaler.step(b.opt);
+  scaler.update();
+  EXPECT_EQ(scaler.stage(a.opt), OptimizerStage::kReady);
+  EXPECT_EQ(scaler.stage(b.opt), OptimizerStage::kReady);
+  // unscale_ and step are allowed again, and divide by the scale again.
+  a.set_grad(scaled({6.0f}, kDefaultScale));
+  b.set_grad(scaled({5.0f}, kDefaultScale));
+  EXPECT_NO_THROW(scaler.unscale_(a.opt));
+  EXPECT_NO_THROW(scaler.unscale_(b.opt));
+  EXPECT_EQ(a.grad().item<float>(), 6.0f);
+  EXPECT_EQ(b.grad().item<float>(), 5.0f);
+  EXPECT_NO_THROW(scaler.step(a.opt));
+  EXPECT_NO_THROW(scaler.step(b.opt));
+}
+
+TEST(GradScalerStages, UpdateWithNewScaleAlsoReturnsOptimizersToReady) {
+  HandParam p({1.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  scaler.step(p.opt);
+  scaler.update(1024.0);
+  EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady);
+  p.set_grad(scaled({2.0f}, 1024.0));
+  EXPECT_NO_THROW(scaler.unscale_(p.opt));
+  EXPECT_EQ(p.grad().item<float>(), 2.0f);
+}
+
+TEST(GradScalerStages, StepAfterUnscaleDoesNotDivideASecondTime) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 3);
+  torch::nn::Linear reference(4, 3);
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(model->weight);
+    reference->bias.copy_(model->bias);
+  }
+  const auto x = torch::randn({8, 4}), y = torch::randn({8, 3});
+  torch::nn::MSELoss loss_fn;
+  // The true gradients: an unscaled backward on an identical model.
+  loss_fn(reference->forward(x), y).backward();
+  const auto true_grads = std::vector<torch::Tensor>{reference->weight.grad().clone(),
+                                                     reference->bias.grad().clone()};
+
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.5));
+  GradScaler scaler;
+  scaler.scale(loss_fn(model->forward(x), y)).backward();
+  scaler.unscale_(optimizer);
+  const auto weight_before = model->weight.detach().clone();
+  ASSERT_TRUE(scaler.step(optimizer).has_value());
+  // SGD leaves the gradients it used in place: they are the true ones, not divided twice.
+  EXPECT_TRUE(torch::allclose(model->weight.grad(), true_grads[0], 1e-6, 1e-9))
+      << model->weight.grad() << "\nvs\n" << true_grads[0];
+  EXPECT_TRUE(torch::allclose(model->bias.grad(), true_grads[1], 1e-6, 1e-9));
+  EXPECT_TRUE(torch::allclose(model->weight.detach(), weight_before - 0.5 * true_grads[0],
+                              1e-6, 1e-7));
+}
+
+// ---------------------------------------------------------------------------------------
+// Closures.
+
+TEST(GradScalerClosure, ClosureWhileEnabledThrowsAndNothingSteps) {
+  HandParam p({1.0f});
+  MarkingSGD opt({p.param}, 1.0);
+  GradScaler scaler;
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  int closure_runs = 0;
+  const torch::optim::Optimizer::LossClosure closure = [&] {
+    ++closure_runs;
+    return torch::zeros({});
+  };
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "closure", [&] { scaler.step(opt, closure); }));
+  EXPECT_EQ(closure_runs, 0);
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_EQ(p.param.item<float>(), 1.0f);
+  EXPECT_EQ(p.grad().item<float>(), 65536.0f) << "a refused step unscaled the gradients";
+  EXPECT_NE(scaler.stage(opt), OptimizerStage::kStepped);
+}
+
+// ---------------------------------------------------------------------------------------
+// Disabled scaler: a transparent pass-through.
+
+TEST(GradScalerDisabled, StepCallsTheOptimizerDirectly) {
+  HandParam p({1.0f});
+  MarkingSGD opt({p.param}, 1.0);
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  p.set_grad(torch::tensor({0.25f}));  // not divided by anything
+  const auto result = scaler.step(opt);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->is_same(opt.marker));
+  EXPECT_EQ(p.param.item<float>(), 0.75f);
+  p.set_grad(torch::tensor({kInf}));  // no overflow check either
+  EXPECT_TRUE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 2);
+}
+
+TEST(GradScalerDisabled, StepAllowsAClosureAndRunsIt) {
+  HandParam p({1.0f});
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  int closure_runs = 0;
+  const auto loss_value = torch::full({}, 7.0);
+  const auto result = scaler.step(p.opt, [&] {
+    ++closure_runs;
+    p.set_grad(torch::tensor({0.5f}));
+    return loss_value;
+  });
+  EXPECT_EQ(closure_runs, 1);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->is_same(loss_value)) << "step must return what SGD::step(closure) returned";
+  EXPECT_EQ(p.param.item<float>(), 0.5f);
+}
+
+TEST(GradScalerDisabled, UnscaleDoesNothing) {
+  HandParam p({1.0f});
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  p.set_grad(torch::tensor({3.0f}));
+  scaler.unscale_(p.opt);
+  EXPECT_EQ(p.grad().item<float>(), 3.0f);
+  EXPECT_NO_THROW(scaler.unscale_(p.opt));  // no stage machine either
+  EXPECT_EQ(p.grad().item<float>(), 3.0f);
+}
+
+TEST(GradScalerDisabled, UpdateDoesNothingAndGetScaleIsOne) {
+  GradScaler scaler(GradScalerOptions().enabled(false).init_scale(1024.0).growth_interval(1));
+  EXPECT_FALSE(scaler.is_enabled());
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+  scaler.update(8.0);
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Refused gradient dtypes: checked over all gradients before any is touched.
+
+TEST(GradScalerRefusedDtypes, Float16GradientThrowsValueErrorAndUnscalesNothing) {
+  auto good = torch::tensor({1.0f, 2.0f}).requires_grad_();
+  auto half = torch::ones({2}, torch::kHalf).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{good, half}, torch::optim::SGDOptions(1.0));
+  GradScaler scaler;
+  good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
+  half.mutable_grad() = torch::ones({2}, torch::kHalf);  // last: checked before any division
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.unscale_(opt); }));
+  EXPECT_TRUE(torch::equal(good.grad(), scaled({4.0f, 6.0f}, kDefaultScale)))
+      << "a float32 gradient was unscaled before the float16 one was refused";
+  EXPECT_EQ(half.grad().scalar_type(), torch::kHalf);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+  // With the float16 gradient gone, unscale_ succeeds: the stage had not moved.
+  half.mutable_grad() = torch::Tensor();
+  EXPECT_NO_THROW(scaler.unscale_(opt));
+  EXPECT_TRUE(torch::equal(good.grad(), torch::tensor({4.0f, 6.0f})));
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kUnscaled);
+}
+
+TEST(GradScalerRefusedDtypes, Float16GradientMakesStepThrowValueError) {
+  auto good = torch::tensor({1.0f}).requires_grad_();
+  auto half = torch::ones({1}, torch::kHalf).requires_grad_();
+  MarkingSGD opt({good, half}, 1.0);
+  GradScaler scaler;
+  good.mutable_grad() = scaled({1.0f}, kDefaultScale);
+  half.mutable_grad() = torch::ones({1}, torch::kHalf);
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.step(opt); }));
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_EQ(good.item<float>(), 1.0f);
+  EXPECT_EQ(good.grad().item<float>(), 65536.0f);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+}
+
+TEST(GradScalerRefusedDtypes, ComplexGradientThrowsNotImplementedAndUnscalesNothing) {
+  auto good = torch::tensor({1.0f, 2.0f}).requires_grad_();
+  auto cplx = torch::ones({2}, torch::kComplexFloat).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{good, cplx}, torch::optim::SGDOptions(1.0));
+  GradScaler scaler;
+  good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
+  cplx.mutable_grad() = torch::ones({2}, torch::kComplexFloat);
+  EXPECT_TRUE(
+      ThrowsExactly(ErrorKind::kNotImplementedError, "complex", [&] { scaler.unscale_(opt); }));
+  EXPECT_TRUE(torch::equal(good.grad(), scaled({4.0f, 6.0f}, kDefaultScale)));
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+  cplx.mutable_grad() = torch::Tensor();
+  EXPECT_NO_THROW(scaler.unscale_(opt));
+  EXPECT_TRUE(torch::equal(good.grad(), torch::tensor({4.0f, 6.0f})));
+}
+
+TEST(GradScalerRefusedDtypes, ComplexGradientMakesStepThrowNotImplemented) {
+  auto good = torch::tensor({1.0f}).requires_grad_();
+  auto cplx = torch::ones({1}, torch::kComplexDouble).requires_grad_();
+  MarkingSGD opt({good, cplx}, 1.0);
+  GradScaler scaler;
+  good.mutable_grad() = scaled({1.0f}, kDefaultScale);
+  cplx.mutable_grad() = torch::ones({1}, torch::kComplexDouble);
+  EXPECT_TRUE(
+      ThrowsExactly(ErrorKind::kNotImplementedError, "complex", [&] { scaler.step(opt); }));
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_EQ(good.grad().item<float>(), 65536.0f);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+}
+
+TEST(GradScalerRefusedDtypes, BadGradientInALaterParamGroupIsCheckedFirst) {
+  auto good = torch::tensor({1.0f}).requires_grad_();
+  auto half = torch::ones({1}, torch::kHalf).requires_grad_();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{good});
+  groups.emplace_back(std::vector<torch::Tensor>{half});
+  torch::optim::SGD opt(groups, torch::optim::SGDOptions(1.0));
+  GradScaler scaler;
+  good.mutable_grad() = scaled({2.0f}, kDefaultScale);
+  half.mutable_grad() = torch::ones({1}, torch::kHalf);
+  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.unscale_(opt); }));
+  EXPECT_EQ(good.grad().item<float>(), 131072.0f);
+}
+
+// ---------------------------------------------------------------------------------------
+// Odd parameters.
+
+TEST(GradScalerParams, ParametersWithoutGradientArePassedOver) {
+  auto with = torch::tensor({1.0f}).requires_grad_();
+  auto without = torch::tensor({5.0f}).requires_grad_();
+  MarkingSGD opt({with, without}, 1.0);
+  GradScaler scaler;
+  with.mutable_grad() = scaled({0.5f}, kDefaultScale);
+  ASSERT_FALSE(without.grad().defined());
+  EXPECT_NO_THROW(scaler.unscale_(opt));
+  EXPECT_FALSE(without.grad().defined());
+  EXPECT_EQ(with.grad().item<float>(), 0.5f);
+  EXPECT_TRUE(scaler.step(opt).has_value());
+  EXPECT_EQ(with.item<float>(), 0.5f);
+  EXPECT_EQ(without.item<float>(), 5.0f);
+}
+
+TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsAndCountsAsClean) {
+  auto p = torch::tensor({1.0f}).requires_grad_();
+  MarkingSGD opt({p}, 1.0);
+  GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(1));
+  EXPECT_TRUE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 1);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Without scale().
+
+TEST(GradScalerWithoutScale, UnscaleAndStepWorkWhenScaleWasNeverCalled) {
+  HandParam p({1.0f, 1.0f});
+  GradScaler scaler(GradScalerOptions().init_scale(512.0));
+  p.set_grad(scaled({1.0f, -3.0f}, 512.0));
+  EXPECT_NO_THROW(scaler.unscale_(p.opt));
+  EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({1.0f, -3.0f})));
+  ASSERT_TRUE(scaler.step(p.opt).has_value());
+  EXPECT_TRUE(torch::equal(p.param.detach(), torch::tensor({0.0f, 4.0f})));
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  // The scale created on the gradients' device now multiplies CPU outputs.
+  EXPECT_EQ(scaler.scale(torch::scalar_tensor(2.0)).item<float>(), 1024.0f);
+}
+
+TEST(GradScalerWithoutScale, StepWithoutScaleSkipsOnOverflowAndBacksOff) {
+  HandParam p({1.0f});
+  GradScaler scaler(GradScalerOptions().init_scale(512.0));
+  p.set_grad(torch::tensor({kNaN}));
+  EXPECT_FALSE(scaler.step(p.opt).has_value());
+  EXPECT_EQ(p.param.item<float>(), 1.0f);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+}
+
+TEST(GradScalerWithoutScale, UpdateWithNothingRecordedCountsAsOverflowFree) {
+  GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 8.0);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 16.0);
+}
+
+TEST(GradScalerGrowth, UpdateNewScaleSetsTheScaleBeforeScaleWasCalled) {
+  GradScaler scaler;
+  scaler.update(3.0);
+  EXPECT_EQ(scaler.get_scale(), 3.0);
+  EXPECT_EQ(scaler.scale(torch::scalar_tensor(2.0)).item<float>(), 6.0f);
+}
+
+TEST(GradScalerGrowth, UpdateNewScaleRejectsNonPositiveOrNonFinite) {
+  for (const bool materialised : {false, true}) {
+    GradScaler scaler(GradScalerOptions().init_scale(128.0));
+    if (materialised) {
+      materialise_scale(scaler);
+    }
+    for (const double bad : {0.0, -1.0, -0.0, static_cast<double>(kInf),
+                             -static_cast<double>(kInf), static_cast<double>(kNaN)}) {
+      EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "new_scale", [&] { scaler.update(bad); }))
+          << "new_scale " << bad << (materialised ? " (scale tensor exists)" : "");
+      EXPECT_EQ(scaler.get_scale(), 128.0) << "a refused new_scale " << bad << " changed the scale";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Core numeric behaviours, on the native backends and on the forced generic path.
+
+enum class Path { kNative, kGeneric };
+
+class GradScalerBackend : public ::testing::TestWithParam<Path> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Path::kGeneric) {
+      guard_ = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+    ASSERT_EQ(lucid::amp::detail::generic_backend_forced(), GetParam() == Path::kGeneric);
+  }
+  void TearDown() override { guard_.reset(); }
+
+ private:
+  std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> guard_;
+};
+
+TEST_P(GradScalerBackend, Float32GradientsAreUnscaled) {
+  HandParam p({0.0f, 0.0f, 0.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({1.5f, -0.25f, 1e-3f}, kDefaultScale));
+  scaler.unscale_(p.opt);
+  EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({1.5f, -0.25f, 1e-3f}))) << p.grad();
+}
+
+TEST_P(GradScalerBackend, Float32GradientWithNonPowerOfTwoScaleIsWithinFloatRounding) {
+  torch::manual_seed(1);
+  const auto truth = torch::randn({1000}) * 100;
+  HandParam p(std::vector<float>(1000, 0.0f));
+  GradScaler scaler;
+  scaler.update(3.0);
+  p.set_grad(truth.clone());
+  scaler.unscale_(p.opt);
+  ASSERT_EQ(p.grad().scalar_type(), torch::kFloat);
+  const auto got = p.grad().contiguous();
+  const auto src = truth.contiguous();
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float want = src.data_ptr<float>()[i] / 3.0f;
+    if (!within_one_ulp(got.data_ptr<float>()[i], want) && ++bad <= 5) {
+      ADD_FAILURE() << "element " << i << ": got " << got.data_ptr<float>()[i] << ", want "
+                    << want;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_P(GradScalerBackend, Float64GradientIsUnscaledInFloat64) {
+  torch::manual_seed(2);
+  const auto truth = torch::randn({1000}, torch::kDouble) * 100;
+  auto p = torch::zeros({1000}, torch::kDouble).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
+  GradScaler scaler;
+  scaler.update(3.0);
+  p.mutable_grad() = truth.clone();
+  scaler.unscale_(opt);
+  ASSERT_EQ(p.grad().scalar_type(), torch::kDouble);
+  const auto got = p.grad().contiguous();
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double want = truth.data_ptr<double>()[i] / 3.0;
+    if (!within_one_ulp(got.data_ptr<double>()[i], want) && ++bad <= 5) {
+      ADD_FAILURE() << "element " << i << ": got " << got.data_ptr<double>()[i] << ", want "
+                    << want << " (float32 arithmetic would be ~1e-8 relative off)";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
+  torch::manual_seed(3);
+  const auto grad = (torch::randn({1000}) * 1000).to(torch::kBFloat16);
+  auto p = torch::zeros({1000}, torch::kBFloat16).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
+  GradScaler scaler;
+  scaler.update(3.0);
+  p.mutable_grad() = grad.clone();
+  scaler.unscale_(opt);
+  ASSERT_EQ(p.grad().scalar_type(), torch::kBFloat16);
+  // Expected: each value widened to float32, divided there, rounded to bfloat16 once.
+  const auto wide = grad.to(torch::kFloat).contiguous();
+  std::vector<float> quotient(wide.numel());
+  for (int64_t i = 0; i < wide.numel(); ++i) {
+    quotient[i] = wide.data_ptr<float>()[i] / 3.0f;
+  }
+  const auto want = torch::tensor(quotient).to(torch::kBFloat16);
+  const auto mismatches = p.grad().ne(want).sum().item<int64_t>();
+  EXPECT_EQ(mismatches, 0) << "first values got " << p.grad().slice(0, 0, 5) << " want "
+                           << want.slice(0, 0, 5);
+  // The check can fail: bfloat16 arithmetic (1/3 rounded to bfloat16) gives other values.
+  const auto bf16_math = grad * torch::full({}, 1.0 / 3.0, torch::kBFloat16);
+  EXPECT_GT(bf16_math.ne(want).sum().item<int64_t>(), 0);
+}
+
+TEST_P(GradScalerBackend, BFloat16GradientOverflowIsDetected) {
+  auto p = torch::zeros({3}, torch::kBFloat16).requires_grad_();
+  MarkingSGD opt({p}, 1.0);
+  GradScaler scaler;
+  p.mutable_grad() = torch::tensor({1.0f, kInf, 2.0f}).to(torch::kBFloat16) * 65536;
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_EQ(p.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(p.grad()[0].item<float>(), 1.0f);
+  EXPECT_EQ(p.grad()[2].item<float>(), 2.0f);
+}
+
+TEST_P(GradScalerBackend, MixedDtypesInOneOptimizerKeepTheirDtypes) {
+  auto f32 = torch::zeros({2}).requires_grad_();
+  auto f64 = torch::zeros({2}, torch::kDouble).requires_grad_();
+  auto bf16 = torch::zeros({2}, torch::kBFloat16).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{f32, f64, bf16}, torch::optim::SGDOptions(1));
+  GradScaler scaler;
+  f32.mutable_grad() = torch::tensor({2.0f, 4.0f}) * 65536;
+  f64.mutable_grad() = torch::tensor({1.0 + 1e-12, 3.0}, torch::kDouble) * 65536;
+  bf16.mutable_grad() = (torch::tensor({0.5f, 8.0f}) * 65536).to(torch::kBFloat16);
+  scaler.unscale_(opt);
+  EXPECT_EQ(f32.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(f64.grad().scalar_type(), torch::kDouble);
+  EXPECT_EQ(bf16.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(f32.grad(), torch::tensor({2.0f, 4.0f})));
+  EXPECT_EQ(f64.grad()[0].item<double>(), 1.0 + 1e-12);
+  EXPECT_TRUE(torch::equal(bf16.grad().to(torch::kFloat), torch::tensor({0.5f, 8.0f})));
+}
+
+TEST_P(GradScalerBackend, EveryGradientIsDividedNonFiniteOnesToo) {
+  HandParam bad({0.0f, 0.0f, 0.0f});
+  auto other = torch::zeros({1}).requires_grad_();
+  MarkingSGD opt({bad.param, other}, 1.0);
+  HandParam second({0.0f});
+  GradScaler scaler;
+  bad.set_grad(torch::tensor({kInf, 2.0f * 65536.0f, kNaN}));
+  other.mutable_grad() = scaled({4.0f}, kDefaultScale);
+  second.set_grad(scaled({8.0f}, kDefaultScale));
+  scaler.unscale_(opt);
+  scaler.unscale_(second.opt);
+  const auto g = bad.grad();
+  EXPECT_TRUE(std::isinf(g[0].item<float>()) && g[0].item<float>() > 0) << g;
+  EXPECT_EQ(g[1].item<float>(), 2.0f) << g;
+  EXPECT_TRUE(std::isnan(g[2].item<float>())) << g;
+  EXPECT_EQ(other.grad().item<float>(), 4.0f) << "the other gradient of the same optimizer";
+  EXPECT_EQ(second.grad().item<float>(), 8.0f) << "another optimizer's gradient";
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_TRUE(scaler.step(second.opt).has_value());
+}
+
+TEST_P(GradScalerBackend, NonContiguousGradientIsUnscaledInPlaceOnly) {
+  auto base = torch::arange(1, 13, torch::kFloat).reshape({3, 4}) * 65536;
+  const auto base_before = base.clone();
+  auto p = torch::zeros({3, 2}).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
+  p.mutable_grad() = base.slice(1, 0, 4, 2);  // columns 0 and 2: a strided view
+  ASSERT_FALSE(p.grad().is_contiguous());
+  GradScaler scaler;
+  scaler.unscale_(opt);
+  EXPECT_TRUE(torch::equal(p.grad(), base_before.slice(1, 0, 4, 2) / 65536));
+  EXPECT_TRUE(torch::equal(base.slice(1, 1, 4, 2), base_before.slice(1, 1, 4, 2)))
+      << "elements outside the gradient view were touched";
+}
+
+TEST_P(GradScalerBackend, SparseGradientsAreUnscaledThroughTheirValues) {
+  torch::manual_seed(4);
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  torch::optim::SGD opt(emb->parameters(), torch::optim::SGDOptions(0.5));
+  const auto idx = torch::tensor({1, 1, 4}, torch::kLong);
+  const auto w = torch::randn({3, 3});
+  // d/dweight of sum(emb(idx) * w): row r gathers w's rows where idx == r.
+  const auto true_grad = torch::zeros({10, 3}).index_add_(0, idx, w);
+  GradScaler scaler;
+  scaler.scale((emb->forward(idx) * w).sum()).backward();
+  ASSERT_TRUE(emb->weight.grad().is_sparse());
+  scaler.unscale_(opt);
+  ASSERT_TRUE(emb->weight.grad().is_sparse());
+  EXPECT_TRUE(torch::allclose(emb->weight.grad().to_dense(), true_grad, 1e-6, 1e-7))
+      << emb->weight.grad().to_dense();
+  const auto before = emb->weight.detach().clone();
+  ASSERT_TRUE(scaler.step(opt).has_value());
+  EXPECT_TRUE(torch::allclose(emb->weight.detach(), before - 0.5 * true_grad, 1e-6, 1e-7));
+}
+
+TEST_P(GradScalerBackend, OverflowInSparseGradientValuesIsDetected) {
+  torch::manual_seed(5);
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  MarkingSGD opt(emb->parameters(), 0.5);
+  const auto idx = torch::tensor({2, 7}, torch::kLong);
+  GradScaler scaler;
+  scaler.scale(emb->forward(idx).sum()).backward();
+  ASSERT_TRUE(emb->weight.grad().is_sparse());
+  emb->weight.grad()._values().select(0, 1).select(0, 2).fill_(kInf);
+  const auto before = emb->weight.detach().clone();
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_TRUE(torch::equal(emb->weight.detach(), before));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), kDefaultScale / 2);
+}
+
+TEST_P(GradScalerBackend, OverflowInOneOptimizerSkipsOnlyThatStep) {
+  torch::manual_seed(6);
+  torch::nn::Linear first(4, 2), second(4, 2);
+  MarkingSGD opt1(first->parameters(), 0.1), opt2(second->parameters(), 0.1);
+  GradScaler scaler(GradScalerOptions().growth_interval(3));
+  const auto x = torch::randn({8, 4});
+  scaler.scale(first->forward(x).sum() + second->forward(x).sum()).backward();
+  second->weight.grad()[1][3] = kInf;
+  const auto before1 = clone_all(first->parameters());
+  const auto before2 = clone_all(second->parameters());
+  EXPECT_TRUE(scaler.step(opt1).has_value());
+  EXPECT_FALSE(scaler.step(opt2).has_value());
+  EXPECT_EQ(opt1.calls, 1);
+  EXPECT_EQ(opt2.calls, 0);
+  EXPECT_FALSE(torch::equal(first->weight, before1[0]));
+  EXPECT_TRUE(all_equal(clone_all(second->parameters()), before2));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), kDefaultScale / 2) << "any overflow backs the scale off";
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+}
+
+TEST_P(GradScalerBackend, UpdateBacksOffWhenTheFirstOfSeveralOptimizersOverflowed) {
+  HandParam a({0.0f}), b({0.0f}), c({0.0f});
+  GradScaler scaler;
+  a.set_grad(torch::tensor({kNaN}));
+  b.set_grad(scaled({1.0f}, kDefaultScale));
+  c.set_grad(scaled({1.0f}, kDefaultScale));
+  scaler.step(a.opt);
+  scaler.unscale_(b.opt);
+  scaler.step(c.opt);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), kDefaultScale / 2);
+}
+
+TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
+  materialise_scale(scaler);
+  record_iteration(scaler, false);
+  record_iteration(scaler, false);
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
+  record_iteration(scaler, false);
+  EXPECT_EQ(scaler.get_scale(), 2048.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  for (int i = 0; i < 3; ++i) {
+    record_iteration(scaler, false);
+  }
+  EXPECT_EQ(scaler.get_scale(), 4096.0);
+}
+
+TEST_P(GradScalerBackend, GrowthUsesTheGrowthFactor) {
+  GradScaler scaler(GradScalerOptions().init_scale(10.0).growth_factor(1.5).growth_interval(1));
+  materialise_scale(scaler);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 15.0);
+}
+
+TEST_P(GradScalerBackend, BackoffHalvesTheScaleAndResetsTheTracker) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
+  materialise_scale(scaler);
+  record_iteration(scaler, false);
+  record_iteration(scaler, false);
+  ASSERT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
+  record_iteration(scaler, true);
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  // The tracker restarted: two clean updates are not enough to grow.
+  record_iteration(scaler, false);
+  record_iteration(scaler, false);
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  record_iteration(scaler, false);
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+}
+
+TEST_P(GradScalerBackend, BackoffUsesTheBackoffFactor) {
+  GradScaler scaler(GradScalerOptions().init_scale(1000.0).backoff_factor(0.25));
+  materialise_scale(scaler);
+  record_iteration(scaler, true);
+  EXPECT_EQ(scaler.get_scale(), 250.0);
+}
+
+TEST_P(GradScalerBackend, ScaleNeverGrowsPastFloat32Max) {
+  const double start = static_cast<double>(FLT_MAX) / 1.5;
+  GradScaler scaler(GradScalerOptions().init_scale(start).growth_interval(1));
+  materialise_scale(scaler);
+  const double stored = scaler.get_scale();
+  EXPECT_TRUE(std::isfinite(stored));
+  for (int i = 0; i < 3; ++i) {
+    scaler.update();
+    EXPECT_TRUE(std::isfinite(scaler.get_scale())) << "update " << i;
+    EXPECT_EQ(scaler.get_scale(), stored) << "update " << i;
+  }
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+}
+
+TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
+  GradScaler scaler;
+  materialise_scale(scaler);
+  scaler.update(3.0);
+  EXPECT_EQ(scaler.get_scale(), 3.0);
+  EXPECT_EQ(scaler.scale(torch::scalar_tensor(2.0)).item<float>(), 6.0f);
+}
+
+TEST_P(GradScalerBackend, UpdateWithNothingRecordedGrowsWithIntervalOne) {
+  GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
+  materialise_scale(scaler);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 8.0);
+}
+
+TEST_P(GradScalerBackend, UnscaleWithoutScaleCallPlacesScaleOnGradientDevice) {
+  HandParam p({0.0f});
+  GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(1));
+  p.set_grad(torch::tensor({kInf}));
+  scaler.unscale_(p.opt);
+  EXPECT_FALSE(scaler.step(p.opt).has_value());
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, GradScalerBackend,
+                         ::testing::Values(Path::kNative, Path::kGeneric),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return info.param == Path::kNative ? "Native" : "Generic";
+                         });
+
+}  // namespace

@@ -10,8 +10,10 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
     // float64 is unscaled in float64; float32 and bfloat16 in float32 (opmath).
     const at::ScalarType opmath =
         grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const at::Tensor inv_scale =
-        scale.to(grad.device(), at::kDouble).reciprocal().to(opmath);
+    // The reciprocal in opmath on the gradient's device: float64 only where the gradient
+    // is float64 already (devices such as MPS have no float64 at all); a float32 division
+    // is correctly rounded.
+    const at::Tensor inv_scale = scale.to(grad.device(), opmath).reciprocal();
     at::Tensor work = grad.scalar_type() == opmath ? grad : grad.to(opmath);
     work.mul_(inv_scale);
     const at::Tensor bad = work.isfinite().logical_not().any();
@@ -24,7 +26,9 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // Same decisions as cpu::next_scale_state, written as selects on the device.
+  // Same decisions as cpu::next_scale_state, written as selects on the device. The
+  // products are float32 (no float64 on MPS): with power-of-two factors, the defaults,
+  // identical to the CPU and CUDA schedule; with others they may differ in the last bit.
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
   const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));

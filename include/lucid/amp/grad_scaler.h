@@ -67,6 +67,9 @@ class GradScaler {
 
   /// The current scale (reads it back from its device); 1.0 when disabled.
   double get_scale() const;
+  /// The scale as the 0-dim float32 device tensor it lives in (undefined until the first
+  /// scale(), unscale_() or step()); for kernels that read it without a host sync.
+  const torch::Tensor& scale_tensor() const { return scale_; }
   /// Whether the scaler scales at all.
   bool is_enabled() const;
   /// The options the scaler was built with (growth and backoff follow load_state_dict).

@@ -1,0 +1,103 @@
+// Unscale-and-check bandwidth against a plain copy_ of the same bytes, in one run.
+//
+// Both move 8 bytes per float32 gradient element (read 4, write 4): the copy reads a
+// source and writes a destination of the same total size in one flat copy_; the
+// unscale reads and writes the gradients in place. The ratio unscale/copy is the goal
+// (issue 2: >= 0.90 on the CPU). The scale alternates between 2 and 1/2 so values stay
+// bounded and never reach subnormals (which would slow the multiply, not the memory).
+//
+// Usage: bench_unscale [cpu|cuda] [million_params ...]   (default: cpu 16 116)
+
+#include <lucid/amp.h>
+#include <torch/torch.h>
+
+#include "amp/kernel_routing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+// A transformer-like mix of tensor sizes (d=768), repeated until `total` elements.
+std::vector<torch::Tensor> model_like_gradients(int64_t total, const torch::Device& device) {
+  const std::vector<int64_t> shapes = {768 * 768 * 3, 768 * 3, 768 * 768, 768, 768,
+                                       768,           768 * 3072, 3072,   3072 * 768, 768};
+  std::vector<torch::Tensor> grads;
+  int64_t placed = 0;
+  for (size_t i = 0; placed < total; ++i) {
+    const int64_t n = std::min(shapes[i % shapes.size()], total - placed);
+    grads.push_back(torch::randn({n}, device));
+    placed += n;
+  }
+  return grads;
+}
+
+double median_seconds(const std::function<void()>& fn, const torch::Device& device, int reps) {
+  auto sync = [&] {
+    if (device.is_cuda()) {
+      torch::cuda::synchronize();
+    }
+  };
+  for (int i = 0; i < 3; ++i) {
+    fn();
+  }
+  sync();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    sync();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string where = argc > 1 ? argv[1] : "cpu";
+  const torch::Device device = where == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  std::vector<int64_t> millions;
+  for (int i = 2; i < argc; ++i) {
+    millions.push_back(std::stoll(argv[i]));
+  }
+  if (millions.empty()) {
+    millions = {16, 116};
+  }
+  std::printf("device %s, threads %d\n", device.str().c_str(), at::get_num_threads());
+  std::printf("%10s %8s %12s %14s %8s %16s %8s\n", "params", "tensors", "copy GB/s",
+              "unscale GB/s", "ratio", "generic GB/s", "ratio");
+  for (const int64_t m : millions) {
+    const int64_t total = m * 1000 * 1000;
+    std::vector<torch::Tensor> grads = model_like_gradients(total, device);
+    torch::Tensor src = torch::randn({total}, device), dst = torch::empty({total}, device);
+    const torch::Tensor scales[2] = {torch::full({}, 2.0f, device), torch::full({}, 0.5f, device)};
+    torch::Tensor found_inf = torch::zeros({}, device);
+    int flip = 0;
+    auto unscale = [&] {
+      lucid::amp::detail::unscale_grads_(grads, scales[flip ^= 1], found_inf);
+    };
+    const double bytes = 8.0 * static_cast<double>(total);
+    const int reps = m > 100 ? 9 : 21;
+    const double t_copy = median_seconds([&] { dst.copy_(src); }, device, reps);
+    const double t_unscale = median_seconds(unscale, device, reps);
+    double t_generic = 0;
+    {
+      lucid::amp::detail::ForceGenericBackendGuard generic;
+      t_generic = median_seconds(unscale, device, reps);
+    }
+    std::printf("%9ldM %8zu %12.2f %14.2f %8.3f %16.2f %8.3f\n", static_cast<long>(m),
+                grads.size(), bytes / t_copy / 1e9, bytes / t_unscale / 1e9, t_copy / t_unscale,
+                bytes / t_generic / 1e9, t_copy / t_generic);
+    if (found_inf.item<float>() != 0.0f) {
+      std::printf("unexpected overflow flag\n");
+      return 1;
+    }
+  }
+  return 0;
+}
