@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Shared by run.sh and test.sh: install what a fresh Debian 12 machine lacks, then
+# configure and build lucid-amp in ./build (or $LUCID_AMP_BUILD_DIR).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
+packages=(cmake g++ make libtorch-dev libgtest-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+echo "== configuring in $build_dir"
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
+echo "== building"
+cmake --build "$build_dir" -j "$(nproc)"
