@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU machine (device tool): build against the machine's PyTorch LibTorch (CUDA),
+# run the whole suite, the seed example and the CUDA unscale benchmark. Logs go to
+# $OUT. GoogleTest is not installed there: carry its source in .vendor/googletest
+# (cp -r /usr/src/googletest .vendor/ on a Debian machine with libgtest-dev).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/gpu.txt"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DLUCID_AMP_GTEST_SOURCE_DIR="$PWD/.vendor/googletest" -DLUCID_AMP_BUILD_BENCHMARKS=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+grep "lucid_amp:" "$OUT/configure.log"
+cmake --build build-gpu -j 16 -- -k 0 >"$OUT/build.log" 2>&1 || grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60
+ctest --test-dir build-gpu --output-on-failure -j 8 >"$OUT/ctest.log" 2>&1
+tail -15 "$OUT/ctest.log"
+build-gpu/tests/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) "
+build-gpu/examples/seed_example 2>&1 | tee "$OUT/seed_example.log"
+build-gpu/benchmarks/bench_unscale cuda 116 1285 2>&1 | tee "$OUT/bench_unscale_cuda.log"
