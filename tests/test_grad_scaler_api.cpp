@@ -101,8 +101,9 @@ struct HandParam {
   torch::Tensor param;
   torch::optim::SGD opt;
 
-  explicit HandParam(std::vector<float> values, double lr = 1.0)
-      : param(torch::tensor(values).requires_grad_()),
+  explicit HandParam(std::vector<float> values, double lr = 1.0,
+                     torch::Device device = torch::kCPU)
+      : param(torch::tensor(values, torch::TensorOptions().device(device)).requires_grad_()),
         opt(std::vector<torch::Tensor>{param}, torch::optim::SGDOptions(lr)) {}
 
   void set_grad(const torch::Tensor& grad) { param.mutable_grad() = grad; }
@@ -148,8 +149,8 @@ bool all_equal(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
 
 // A float32 gradient with known values (as if backward() of a loss scaled by `s` had
 // produced s * values).
-torch::Tensor scaled(std::vector<float> values, double s) {
-  return torch::tensor(values) * s;
+torch::Tensor scaled(std::vector<float> values, double s, torch::Device device = torch::kCPU) {
+  return torch::tensor(values, torch::TensorOptions().device(device)) * s;
 }
 
 // `got` is `want` or one of its two float neighbours.
@@ -161,12 +162,14 @@ bool within_one_ulp(T got, T want) {
 
 // Makes `scaler` create its scale on the CPU, so that update() runs the device-side
 // update (CPU kernel, or the generic ops when forced) rather than the host copy.
-void materialise_scale(GradScaler& scaler) { scaler.scale(torch::ones({})); }
+void materialise_scale(GradScaler& scaler, torch::Device device = torch::kCPU) {
+  scaler.scale(torch::ones({}, torch::TensorOptions().device(device)));
+}
 
 // Records an overflow (or none) for the next update(), through a throw-away optimizer.
-void record_iteration(GradScaler& scaler, bool overflow) {
-  HandParam p({1.0f});
-  p.set_grad(torch::tensor({overflow ? kInf : 1.0f}));
+void record_iteration(GradScaler& scaler, bool overflow, torch::Device device = torch::kCPU) {
+  HandParam p({1.0f}, 1.0, device);
+  p.set_grad(torch::tensor({overflow ? kInf : 1.0f}, torch::TensorOptions().device(device)));
   scaler.unscale_(p.opt);
   scaler.update();
 }
@@ -703,48 +706,77 @@ TEST(GradScalerGrowth, UpdateNewScaleRejectsNonPositiveOrNonFinite) {
   }
 }
 
+
+TEST(GradScalerGrowth, ScaleNeverGrowsPastFloat32MaxBeforeScaleWasCalled) {
+  // The host copy of the state (no scale tensor yet) follows the same cap.
+  GradScaler scaler(
+      GradScalerOptions().init_scale(static_cast<double>(FLT_MAX) / 1.5).growth_interval(1));
+  const double stored = scaler.get_scale();
+  scaler.update();
+  EXPECT_TRUE(std::isfinite(scaler.get_scale()));
+  EXPECT_EQ(scaler.get_scale(), stored);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+}
+
 // ---------------------------------------------------------------------------------------
-// Core numeric behaviours, on the native backends and on the forced generic path.
+// Core numeric behaviours, on each device (CUDA skipped when absent) and each path: the
+// native backend of the device, and the generic ATen-ops path forced for every device.
 
 enum class Path { kNative, kGeneric };
 
-class GradScalerBackend : public ::testing::TestWithParam<Path> {
+struct BackendCase {
+  torch::DeviceType device;
+  Path path;
+};
+
+class GradScalerBackend : public ::testing::TestWithParam<BackendCase> {
  protected:
   void SetUp() override {
-    if (GetParam() == Path::kGeneric) {
+    if (GetParam().device == torch::kCUDA && !torch::cuda::is_available()) {
+      GTEST_SKIP() << "CUDA is not available";
+    }
+    if (GetParam().path == Path::kGeneric) {
       guard_ = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
     }
-    ASSERT_EQ(lucid::amp::detail::generic_backend_forced(), GetParam() == Path::kGeneric);
+    ASSERT_EQ(lucid::amp::detail::generic_backend_forced(), GetParam().path == Path::kGeneric);
   }
   void TearDown() override { guard_.reset(); }
+
+  torch::Device dev() const { return torch::Device(GetParam().device); }
+  torch::TensorOptions on(torch::ScalarType dtype = torch::kFloat) const {
+    return torch::TensorOptions().dtype(dtype).device(dev());
+  }
+  torch::Tensor f32(std::vector<float> values) const {
+    return torch::tensor(values, torch::TensorOptions().device(dev()));
+  }
 
  private:
   std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> guard_;
 };
 
 TEST_P(GradScalerBackend, Float32GradientsAreUnscaled) {
-  HandParam p({0.0f, 0.0f, 0.0f});
+  HandParam p({0.0f, 0.0f, 0.0f}, 1.0, dev());
   GradScaler scaler;
-  p.set_grad(scaled({1.5f, -0.25f, 1e-3f}, kDefaultScale));
+  p.set_grad(scaled({1.5f, -0.25f, 1e-3f}, kDefaultScale, dev()));
   scaler.unscale_(p.opt);
   EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
-  EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({1.5f, -0.25f, 1e-3f}))) << p.grad();
+  EXPECT_EQ(p.grad().device(), dev());
+  EXPECT_TRUE(torch::equal(p.grad().cpu(), torch::tensor({1.5f, -0.25f, 1e-3f}))) << p.grad();
 }
 
 TEST_P(GradScalerBackend, Float32GradientWithNonPowerOfTwoScaleIsWithinFloatRounding) {
   torch::manual_seed(1);
   const auto truth = torch::randn({1000}) * 100;
-  HandParam p(std::vector<float>(1000, 0.0f));
+  HandParam p(std::vector<float>(1000, 0.0f), 1.0, dev());
   GradScaler scaler;
   scaler.update(3.0);
-  p.set_grad(truth.clone());
+  p.set_grad(truth.to(dev()));
   scaler.unscale_(p.opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kFloat);
-  const auto got = p.grad().contiguous();
-  const auto src = truth.contiguous();
+  const auto got = p.grad().cpu().contiguous();
   int bad = 0;
   for (int64_t i = 0; i < got.numel(); ++i) {
-    const float want = src.data_ptr<float>()[i] / 3.0f;
+    const float want = truth.data_ptr<float>()[i] / 3.0f;
     if (!within_one_ulp(got.data_ptr<float>()[i], want) && ++bad <= 5) {
       ADD_FAILURE() << "element " << i << ": got " << got.data_ptr<float>()[i] << ", want "
                     << want;
@@ -756,14 +788,14 @@ TEST_P(GradScalerBackend, Float32GradientWithNonPowerOfTwoScaleIsWithinFloatRoun
 TEST_P(GradScalerBackend, Float64GradientIsUnscaledInFloat64) {
   torch::manual_seed(2);
   const auto truth = torch::randn({1000}, torch::kDouble) * 100;
-  auto p = torch::zeros({1000}, torch::kDouble).requires_grad_();
+  auto p = torch::zeros({1000}, on(torch::kDouble)).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
   scaler.update(3.0);
-  p.mutable_grad() = truth.clone();
+  p.mutable_grad() = truth.to(dev());
   scaler.unscale_(opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kDouble);
-  const auto got = p.grad().contiguous();
+  const auto got = p.grad().cpu().contiguous();
   int bad = 0;
   for (int64_t i = 0; i < got.numel(); ++i) {
     const double want = truth.data_ptr<double>()[i] / 3.0;
@@ -778,11 +810,11 @@ TEST_P(GradScalerBackend, Float64GradientIsUnscaledInFloat64) {
 TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
   torch::manual_seed(3);
   const auto grad = (torch::randn({1000}) * 1000).to(torch::kBFloat16);
-  auto p = torch::zeros({1000}, torch::kBFloat16).requires_grad_();
+  auto p = torch::zeros({1000}, on(torch::kBFloat16)).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
   scaler.update(3.0);
-  p.mutable_grad() = grad.clone();
+  p.mutable_grad() = grad.to(dev());
   scaler.unscale_(opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kBFloat16);
   // Expected: each value widened to float32, divided there, rounded to bfloat16 once.
@@ -792,8 +824,9 @@ TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
     quotient[i] = wide.data_ptr<float>()[i] / 3.0f;
   }
   const auto want = torch::tensor(quotient).to(torch::kBFloat16);
-  const auto mismatches = p.grad().ne(want).sum().item<int64_t>();
-  EXPECT_EQ(mismatches, 0) << "first values got " << p.grad().slice(0, 0, 5) << " want "
+  const auto got = p.grad().cpu();
+  const auto mismatches = got.ne(want).sum().item<int64_t>();
+  EXPECT_EQ(mismatches, 0) << "first values got " << got.slice(0, 0, 5) << " want "
                            << want.slice(0, 0, 5);
   // The check can fail: bfloat16 arithmetic (1/3 rounded to bfloat16) gives other values.
   const auto bf16_math = grad * torch::full({}, 1.0 / 3.0, torch::kBFloat16);
@@ -801,47 +834,48 @@ TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
 }
 
 TEST_P(GradScalerBackend, BFloat16GradientOverflowIsDetected) {
-  auto p = torch::zeros({3}, torch::kBFloat16).requires_grad_();
+  auto p = torch::zeros({3}, on(torch::kBFloat16)).requires_grad_();
   MarkingSGD opt({p}, 1.0);
   GradScaler scaler;
-  p.mutable_grad() = torch::tensor({1.0f, kInf, 2.0f}).to(torch::kBFloat16) * 65536;
+  p.mutable_grad() = (f32({1.0f, kInf, 2.0f}) * 65536).to(torch::kBFloat16);
   EXPECT_FALSE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 0);
   EXPECT_EQ(p.grad().scalar_type(), torch::kBFloat16);
   EXPECT_EQ(p.grad()[0].item<float>(), 1.0f);
   EXPECT_EQ(p.grad()[2].item<float>(), 2.0f);
+  EXPECT_TRUE(torch::equal(p.detach().cpu(), torch::zeros({3}, torch::kBFloat16)));
 }
 
 TEST_P(GradScalerBackend, MixedDtypesInOneOptimizerKeepTheirDtypes) {
-  auto f32 = torch::zeros({2}).requires_grad_();
-  auto f64 = torch::zeros({2}, torch::kDouble).requires_grad_();
-  auto bf16 = torch::zeros({2}, torch::kBFloat16).requires_grad_();
-  torch::optim::SGD opt(std::vector<torch::Tensor>{f32, f64, bf16}, torch::optim::SGDOptions(1));
+  auto a = torch::zeros({2}, on()).requires_grad_();
+  auto b = torch::zeros({2}, on(torch::kDouble)).requires_grad_();
+  auto c = torch::zeros({2}, on(torch::kBFloat16)).requires_grad_();
+  torch::optim::SGD opt(std::vector<torch::Tensor>{a, b, c}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
-  f32.mutable_grad() = torch::tensor({2.0f, 4.0f}) * 65536;
-  f64.mutable_grad() = torch::tensor({1.0 + 1e-12, 3.0}, torch::kDouble) * 65536;
-  bf16.mutable_grad() = (torch::tensor({0.5f, 8.0f}) * 65536).to(torch::kBFloat16);
+  a.mutable_grad() = f32({2.0f, 4.0f}) * 65536;
+  b.mutable_grad() = torch::tensor({1.0 + 1e-12, 3.0}, on(torch::kDouble)) * 65536;
+  c.mutable_grad() = (f32({0.5f, 8.0f}) * 65536).to(torch::kBFloat16);
   scaler.unscale_(opt);
-  EXPECT_EQ(f32.grad().scalar_type(), torch::kFloat);
-  EXPECT_EQ(f64.grad().scalar_type(), torch::kDouble);
-  EXPECT_EQ(bf16.grad().scalar_type(), torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(f32.grad(), torch::tensor({2.0f, 4.0f})));
-  EXPECT_EQ(f64.grad()[0].item<double>(), 1.0 + 1e-12);
-  EXPECT_TRUE(torch::equal(bf16.grad().to(torch::kFloat), torch::tensor({0.5f, 8.0f})));
+  EXPECT_EQ(a.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(b.grad().scalar_type(), torch::kDouble);
+  EXPECT_EQ(c.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(a.grad().cpu(), torch::tensor({2.0f, 4.0f})));
+  EXPECT_EQ(b.grad()[0].item<double>(), 1.0 + 1e-12);
+  EXPECT_TRUE(torch::equal(c.grad().cpu().to(torch::kFloat), torch::tensor({0.5f, 8.0f})));
 }
 
 TEST_P(GradScalerBackend, EveryGradientIsDividedNonFiniteOnesToo) {
-  HandParam bad({0.0f, 0.0f, 0.0f});
-  auto other = torch::zeros({1}).requires_grad_();
+  HandParam bad({0.0f, 0.0f, 0.0f}, 1.0, dev());
+  auto other = torch::zeros({1}, on()).requires_grad_();
   MarkingSGD opt({bad.param, other}, 1.0);
-  HandParam second({0.0f});
+  HandParam second({0.0f}, 1.0, dev());
   GradScaler scaler;
-  bad.set_grad(torch::tensor({kInf, 2.0f * 65536.0f, kNaN}));
-  other.mutable_grad() = scaled({4.0f}, kDefaultScale);
-  second.set_grad(scaled({8.0f}, kDefaultScale));
+  bad.set_grad(f32({kInf, 2.0f * 65536.0f, kNaN}));
+  other.mutable_grad() = scaled({4.0f}, kDefaultScale, dev());
+  second.set_grad(scaled({8.0f}, kDefaultScale, dev()));
   scaler.unscale_(opt);
   scaler.unscale_(second.opt);
-  const auto g = bad.grad();
+  const auto g = bad.grad().cpu();
   EXPECT_TRUE(std::isinf(g[0].item<float>()) && g[0].item<float>() > 0) << g;
   EXPECT_EQ(g[1].item<float>(), 2.0f) << g;
   EXPECT_TRUE(std::isnan(g[2].item<float>())) << g;
@@ -853,27 +887,29 @@ TEST_P(GradScalerBackend, EveryGradientIsDividedNonFiniteOnesToo) {
 }
 
 TEST_P(GradScalerBackend, NonContiguousGradientIsUnscaledInPlaceOnly) {
-  auto base = torch::arange(1, 13, torch::kFloat).reshape({3, 4}) * 65536;
-  const auto base_before = base.clone();
-  auto p = torch::zeros({3, 2}).requires_grad_();
+  auto base = torch::arange(1, 13, on()).reshape({3, 4}) * 65536;
+  const auto base_before = base.cpu();
+  auto p = torch::zeros({3, 2}, on()).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   p.mutable_grad() = base.slice(1, 0, 4, 2);  // columns 0 and 2: a strided view
   ASSERT_FALSE(p.grad().is_contiguous());
   GradScaler scaler;
   scaler.unscale_(opt);
-  EXPECT_TRUE(torch::equal(p.grad(), base_before.slice(1, 0, 4, 2) / 65536));
-  EXPECT_TRUE(torch::equal(base.slice(1, 1, 4, 2), base_before.slice(1, 1, 4, 2)))
+  EXPECT_TRUE(p.grad().is_alias_of(base)) << "the gradient must be unscaled in place";
+  EXPECT_TRUE(torch::equal(p.grad().cpu(), base_before.slice(1, 0, 4, 2) / 65536));
+  EXPECT_TRUE(torch::equal(base.slice(1, 1, 4, 2).cpu(), base_before.slice(1, 1, 4, 2)))
       << "elements outside the gradient view were touched";
 }
 
 TEST_P(GradScalerBackend, SparseGradientsAreUnscaledThroughTheirValues) {
   torch::manual_seed(4);
   torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  emb->to(dev());
   torch::optim::SGD opt(emb->parameters(), torch::optim::SGDOptions(0.5));
-  const auto idx = torch::tensor({1, 1, 4}, torch::kLong);
-  const auto w = torch::randn({3, 3});
+  const auto idx = torch::tensor({1, 1, 4}, on(torch::kLong));
+  const auto w = torch::randn({3, 3}).to(dev());
   // d/dweight of sum(emb(idx) * w): row r gathers w's rows where idx == r.
-  const auto true_grad = torch::zeros({10, 3}).index_add_(0, idx, w);
+  const auto true_grad = torch::zeros({10, 3}, on()).index_add_(0, idx, w);
   GradScaler scaler;
   scaler.scale((emb->forward(idx) * w).sum()).backward();
   ASSERT_TRUE(emb->weight.grad().is_sparse());
@@ -889,8 +925,9 @@ TEST_P(GradScalerBackend, SparseGradientsAreUnscaledThroughTheirValues) {
 TEST_P(GradScalerBackend, OverflowInSparseGradientValuesIsDetected) {
   torch::manual_seed(5);
   torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 3).sparse(true));
+  emb->to(dev());
   MarkingSGD opt(emb->parameters(), 0.5);
-  const auto idx = torch::tensor({2, 7}, torch::kLong);
+  const auto idx = torch::tensor({2, 7}, on(torch::kLong));
   GradScaler scaler;
   scaler.scale(emb->forward(idx).sum()).backward();
   ASSERT_TRUE(emb->weight.grad().is_sparse());
@@ -906,9 +943,11 @@ TEST_P(GradScalerBackend, OverflowInSparseGradientValuesIsDetected) {
 TEST_P(GradScalerBackend, OverflowInOneOptimizerSkipsOnlyThatStep) {
   torch::manual_seed(6);
   torch::nn::Linear first(4, 2), second(4, 2);
+  first->to(dev());
+  second->to(dev());
   MarkingSGD opt1(first->parameters(), 0.1), opt2(second->parameters(), 0.1);
   GradScaler scaler(GradScalerOptions().growth_interval(3));
-  const auto x = torch::randn({8, 4});
+  const auto x = torch::randn({8, 4}).to(dev());
   scaler.scale(first->forward(x).sum() + second->forward(x).sum()).backward();
   second->weight.grad()[1][3] = kInf;
   const auto before1 = clone_all(first->parameters());
@@ -925,69 +964,69 @@ TEST_P(GradScalerBackend, OverflowInOneOptimizerSkipsOnlyThatStep) {
 }
 
 TEST_P(GradScalerBackend, UpdateBacksOffWhenTheFirstOfSeveralOptimizersOverflowed) {
-  HandParam a({0.0f}), b({0.0f}), c({0.0f});
+  HandParam a({0.0f}, 1.0, dev()), b({0.0f}, 1.0, dev()), c({0.0f}, 1.0, dev());
   GradScaler scaler;
-  a.set_grad(torch::tensor({kNaN}));
-  b.set_grad(scaled({1.0f}, kDefaultScale));
-  c.set_grad(scaled({1.0f}, kDefaultScale));
-  scaler.step(a.opt);
+  a.set_grad(f32({kNaN}));
+  b.set_grad(scaled({1.0f}, kDefaultScale, dev()));
+  c.set_grad(scaled({1.0f}, kDefaultScale, dev()));
+  EXPECT_FALSE(scaler.step(a.opt).has_value());
   scaler.unscale_(b.opt);
-  scaler.step(c.opt);
+  EXPECT_TRUE(scaler.step(c.opt).has_value());
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), kDefaultScale / 2);
 }
 
 TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
   GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
-  materialise_scale(scaler);
-  record_iteration(scaler, false);
-  record_iteration(scaler, false);
+  materialise_scale(scaler, dev());
+  record_iteration(scaler, false, dev());
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 1024.0);
   EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
-  record_iteration(scaler, false);
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 2048.0);
   EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
   for (int i = 0; i < 3; ++i) {
-    record_iteration(scaler, false);
+    record_iteration(scaler, false, dev());
   }
   EXPECT_EQ(scaler.get_scale(), 4096.0);
 }
 
 TEST_P(GradScalerBackend, GrowthUsesTheGrowthFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(10.0).growth_factor(1.5).growth_interval(1));
-  materialise_scale(scaler);
+  materialise_scale(scaler, dev());
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 15.0);
 }
 
 TEST_P(GradScalerBackend, BackoffHalvesTheScaleAndResetsTheTracker) {
   GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
-  materialise_scale(scaler);
-  record_iteration(scaler, false);
-  record_iteration(scaler, false);
+  materialise_scale(scaler, dev());
+  record_iteration(scaler, false, dev());
+  record_iteration(scaler, false, dev());
   ASSERT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
-  record_iteration(scaler, true);
+  record_iteration(scaler, true, dev());
   EXPECT_EQ(scaler.get_scale(), 512.0);
   EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
   // The tracker restarted: two clean updates are not enough to grow.
-  record_iteration(scaler, false);
-  record_iteration(scaler, false);
+  record_iteration(scaler, false, dev());
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 512.0);
-  record_iteration(scaler, false);
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 1024.0);
 }
 
 TEST_P(GradScalerBackend, BackoffUsesTheBackoffFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(1000.0).backoff_factor(0.25));
-  materialise_scale(scaler);
-  record_iteration(scaler, true);
+  materialise_scale(scaler, dev());
+  record_iteration(scaler, true, dev());
   EXPECT_EQ(scaler.get_scale(), 250.0);
 }
 
 TEST_P(GradScalerBackend, ScaleNeverGrowsPastFloat32Max) {
   const double start = static_cast<double>(FLT_MAX) / 1.5;
   GradScaler scaler(GradScalerOptions().init_scale(start).growth_interval(1));
-  materialise_scale(scaler);
+  materialise_scale(scaler, dev());
   const double stored = scaler.get_scale();
   EXPECT_TRUE(std::isfinite(stored));
   for (int i = 0; i < 3; ++i) {
@@ -1000,33 +1039,99 @@ TEST_P(GradScalerBackend, ScaleNeverGrowsPastFloat32Max) {
 
 TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
   GradScaler scaler;
-  materialise_scale(scaler);
+  materialise_scale(scaler, dev());
   scaler.update(3.0);
   EXPECT_EQ(scaler.get_scale(), 3.0);
-  EXPECT_EQ(scaler.scale(torch::scalar_tensor(2.0)).item<float>(), 6.0f);
+  const auto out = scaler.scale(torch::full({}, 2.0, on()));
+  EXPECT_EQ(out.device(), dev());
+  EXPECT_EQ(out.item<float>(), 6.0f);
 }
 
 TEST_P(GradScalerBackend, UpdateWithNothingRecordedGrowsWithIntervalOne) {
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
-  materialise_scale(scaler);
+  materialise_scale(scaler, dev());
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 8.0);
 }
 
-TEST_P(GradScalerBackend, UnscaleWithoutScaleCallPlacesScaleOnGradientDevice) {
-  HandParam p({0.0f});
+TEST_P(GradScalerBackend, UnscaleAndStepWithoutScaleCall) {
+  // No scale(): the scale is created on the gradients' device.
+  HandParam p({0.0f, 0.0f}, 1.0, dev());
   GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(1));
-  p.set_grad(torch::tensor({kInf}));
+  p.set_grad(scaled({1.0f, -2.0f}, 64.0, dev()));
   scaler.unscale_(p.opt);
+  EXPECT_TRUE(torch::equal(p.grad().cpu(), torch::tensor({1.0f, -2.0f})));
+  ASSERT_TRUE(scaler.step(p.opt).has_value());
+  EXPECT_TRUE(torch::equal(p.param.detach().cpu(), torch::tensor({-1.0f, 2.0f})));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 128.0);
+  p.set_grad(f32({kInf, 1.0f}));
   EXPECT_FALSE(scaler.step(p.opt).has_value());
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 32.0);
+  EXPECT_EQ(scaler.get_scale(), 64.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GradScalerBackend,
-                         ::testing::Values(Path::kNative, Path::kGeneric),
-                         [](const ::testing::TestParamInfo<Path>& info) {
-                           return info.param == Path::kNative ? "Native" : "Generic";
-                         });
+TEST_P(GradScalerBackend, ScaleKeepsTheOutputDevice) {
+  GradScaler scaler;
+  const auto out = scaler.scale(torch::full({8, 1}, 0.5, on(torch::kHalf)));
+  EXPECT_EQ(out.device(), dev());
+  EXPECT_EQ(out.scalar_type(), torch::kFloat);
+  EXPECT_EQ(out.sizes(), torch::IntArrayRef({8, 1}));
+  EXPECT_TRUE(torch::equal(out.cpu(), torch::full({8, 1}, 32768.0)));
+}
+
+std::string backend_case_name(const ::testing::TestParamInfo<BackendCase>& info) {
+  return std::string(info.param.device == torch::kCUDA ? "Cuda" : "Cpu") +
+         (info.param.path == Path::kNative ? "Native" : "Generic");
+}
+
+INSTANTIATE_TEST_SUITE_P(DevicesAndPaths, GradScalerBackend,
+                         ::testing::Values(BackendCase{torch::kCPU, Path::kNative},
+                                           BackendCase{torch::kCPU, Path::kGeneric},
+                                           BackendCase{torch::kCUDA, Path::kNative},
+                                           BackendCase{torch::kCUDA, Path::kGeneric}),
+                         backend_case_name);
+
+// ---------------------------------------------------------------------------------------
+// Gradients and outputs on several devices (needs CUDA).
+
+TEST(GradScalerMultiDevice, VectorFormScalesEachElementOnItsOwnDevice) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "CUDA is not available";
+  }
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  const std::vector<torch::Tensor> outputs = {torch::full({}, 1.0, torch::kCUDA),
+                                              torch::full({2}, 3.0)};
+  const auto out = scaler.scale(outputs);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(out[0].is_cuda());
+  EXPECT_TRUE(out[1].is_cpu());
+  EXPECT_EQ(out[0].item<float>(), 4.0f);
+  EXPECT_TRUE(torch::equal(out[1], torch::full({2}, 12.0)));
+}
+
+TEST(GradScalerMultiDevice, OverflowOnAnyDeviceSkipsTheStep) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "CUDA is not available";
+  }
+  auto on_gpu = torch::zeros({2}, torch::kCUDA).requires_grad_();
+  auto on_cpu = torch::zeros({2}).requires_grad_();
+  MarkingSGD opt({on_gpu, on_cpu}, 1.0);
+  GradScaler scaler;
+  scaler.scale(torch::ones({}, torch::kCUDA));  // the scale lives on the GPU
+  on_gpu.mutable_grad() = torch::full({2}, 65536.0 * 3, torch::kCUDA);
+  on_cpu.mutable_grad() = torch::tensor({1.0f, kInf});
+  EXPECT_FALSE(scaler.step(opt).has_value());
+  EXPECT_EQ(opt.calls, 0);
+  EXPECT_TRUE(torch::equal(on_gpu.grad().cpu(), torch::full({2}, 3.0)));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  // Clean on both devices: both divided, the step runs.
+  on_gpu.mutable_grad() = torch::full({2}, 32768.0 * 5, torch::kCUDA);
+  on_cpu.mutable_grad() = torch::full({2}, 32768.0 * 7);
+  EXPECT_TRUE(scaler.step(opt).has_value());
+  EXPECT_TRUE(torch::equal(on_gpu.grad().cpu(), torch::full({2}, 5.0)));
+  EXPECT_TRUE(torch::equal(on_cpu.grad(), torch::full({2}, 7.0)));
+}
 
 }  // namespace

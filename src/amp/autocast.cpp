@@ -26,16 +26,22 @@ void autocast::enter_(c10::optional<c10::ScalarType> dtype, bool enabled) {
   }
   prev_enabled_ = compat::autocast_enabled(device_type_);
   prev_dtype_ = compat::autocast_dtype(device_type_);
-  if (dtype.has_value()) {
+  if (dtype.has_value() && *dtype != prev_dtype_) {
     compat::set_autocast_dtype(device_type_, *dtype);
+    // LibTorch's weight cache is keyed by tensor alone: copies cast to the outer level's
+    // dtype would be handed to this level's ops (float16 weights meeting bfloat16
+    // activations). Drop them when the dtype changes.
+    at::autocast::clear_cache();
   }
   compat::set_autocast_enabled(device_type_, enabled);
   at::autocast::increment_nesting();
 }
 
 autocast::~autocast() {
-  // Leaving the outermost level drops the cached low-precision weight copies.
-  if (at::autocast::decrement_nesting() == 0) {
+  const bool dtype_changes = compat::autocast_dtype(device_type_) != prev_dtype_;
+  // Leaving the outermost level drops the cached low-precision weight copies, as
+  // PyTorch's context manager does; so does handing a different dtype back (see enter_).
+  if (at::autocast::decrement_nesting() == 0 || dtype_changes) {
     at::autocast::clear_cache();
   }
   compat::set_autocast_enabled(device_type_, prev_enabled_);

@@ -11,7 +11,9 @@ namespace amp {
 
 /// RAII guard that runs the enclosed ops under autocast for one device type. Nestable:
 /// each level restores the enabled flag and dtype it found; leaving the outermost
-/// level clears the autocast weight cache, as PyTorch's context manager does.
+/// level clears the autocast weight cache, as PyTorch's context manager does. A level
+/// that changes the dtype also clears it when it enters and exits, since LibTorch's cache
+/// is keyed by tensor alone and would hand one level's casts to the other.
 class autocast {
  public:
   /// Enables autocast for `device_type` in the device's default dtype.
