@@ -21,6 +21,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -729,6 +730,11 @@ struct BackendCase {
   Path path;
 };
 
+void PrintTo(const BackendCase& c, std::ostream* os) {
+  *os << (c.device == torch::kCUDA ? "CUDA" : "CPU") << ", "
+      << (c.path == Path::kNative ? "native backend" : "generic backend forced");
+}
+
 class GradScalerBackend : public ::testing::TestWithParam<BackendCase> {
  protected:
   void SetUp() override {
@@ -770,7 +776,7 @@ TEST_P(GradScalerBackend, Float32GradientWithNonPowerOfTwoScaleIsWithinFloatRoun
   HandParam p(std::vector<float>(1000, 0.0f), 1.0, dev());
   GradScaler scaler;
   scaler.update(3.0);
-  p.set_grad(truth.to(dev()));
+  p.set_grad(truth.clone().to(dev()));
   scaler.unscale_(p.opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kFloat);
   const auto got = p.grad().cpu().contiguous();
@@ -792,7 +798,7 @@ TEST_P(GradScalerBackend, Float64GradientIsUnscaledInFloat64) {
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
   scaler.update(3.0);
-  p.mutable_grad() = truth.to(dev());
+  p.mutable_grad() = truth.clone().to(dev());
   scaler.unscale_(opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kDouble);
   const auto got = p.grad().cpu().contiguous();
@@ -814,7 +820,7 @@ TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
   scaler.update(3.0);
-  p.mutable_grad() = grad.to(dev());
+  p.mutable_grad() = grad.clone().to(dev());
   scaler.unscale_(opt);
   ASSERT_EQ(p.grad().scalar_type(), torch::kBFloat16);
   // Expected: each value widened to float32, divided there, rounded to bfloat16 once.
@@ -888,7 +894,7 @@ TEST_P(GradScalerBackend, EveryGradientIsDividedNonFiniteOnesToo) {
 
 TEST_P(GradScalerBackend, NonContiguousGradientIsUnscaledInPlaceOnly) {
   auto base = torch::arange(1, 13, on()).reshape({3, 4}) * 65536;
-  const auto base_before = base.cpu();
+  const auto base_before = base.cpu().clone();
   auto p = torch::zeros({3, 2}, on()).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   p.mutable_grad() = base.slice(1, 0, 4, 2);  // columns 0 and 2: a strided view

@@ -8,6 +8,8 @@
 //  * The finiteness test is integer arithmetic on the bits (exponent all ones) ORed
 //    into a flag with no branch, so the compiler vectorises the loop; a branch on
 //    std::isfinite would stop that.
+//  * The loops are built twice (target_clones): AVX2 where the processor has it, the
+//    x86-64 baseline otherwise; the choice is made once, when the library loads.
 //  * bfloat16 is widened by a shift, multiplied in float32 and rounded back to nearest
 //    even with integer ops, once, as c10::BFloat16 rounds.
 // Each thread keeps its own flag and publishes it once, so threads never share a line.
@@ -32,13 +34,19 @@ constexpr uint32_t kF32ExponentMask = 0x7f800000u;
 constexpr uint64_t kF64ExponentMask = 0x7ff0000000000000ull;
 constexpr uint16_t kBF16QuietNaN = 0x7fc0;
 
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define LUCID_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LUCID_CPU_CLONES
+#endif
+
 struct Span {
   void* data;
   int64_t numel;
   at::ScalarType dtype;
 };
 
-bool unscale_span_f32(float* p, int64_t n, float inv) {
+LUCID_CPU_CLONES bool unscale_span_f32(float* p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float y = p[i] * inv;
@@ -50,7 +58,7 @@ bool unscale_span_f32(float* p, int64_t n, float inv) {
   return bad != 0;
 }
 
-bool unscale_span_f64(double* p, int64_t n, double inv) {
+LUCID_CPU_CLONES bool unscale_span_f64(double* p, int64_t n, double inv) {
   uint64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double y = p[i] * inv;
@@ -62,7 +70,7 @@ bool unscale_span_f64(double* p, int64_t n, double inv) {
   return bad != 0;
 }
 
-bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
+LUCID_CPU_CLONES bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t widened = static_cast<uint32_t>(p[i]) << 16;
