@@ -337,6 +337,25 @@ TEST(GradScalerLoop, StepIsSkippedWhenAGradientHoldsNaN) {
   EXPECT_TRUE(all_equal(clone_all(model->parameters()), before));
 }
 
+TEST(GradScalerLoop, SkippedStepLeavesAdamUntouched) {
+  // A skipped step must not call optimizer.step(): Adam would create its state (step
+  // count, moments) and move the parameters even with zero-ish gradients.
+  auto w = torch::tensor({1.0f, 2.0f}).requires_grad_();
+  torch::optim::Adam adam(std::vector<torch::Tensor>{w}, torch::optim::AdamOptions(0.1));
+  GradScaler scaler;
+  w.mutable_grad() = torch::tensor({kNaN, 1.0f});
+  EXPECT_FALSE(scaler.step(adam).has_value());
+  EXPECT_TRUE(adam.state().empty()) << "Adam::step ran on an overflowed iteration";
+  EXPECT_TRUE(torch::equal(w.detach(), torch::tensor({1.0f, 2.0f})));
+  scaler.update();
+  w.mutable_grad() = scaled({1.0f, -1.0f}, scaler.get_scale());
+  const auto result = scaler.step(adam);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_FALSE(adam.state().empty());
+  // Adam's first step moves each weight by lr against the gradient's sign.
+  EXPECT_TRUE(torch::allclose(w.detach(), torch::tensor({0.9f, 2.1f}), 1e-5, 1e-6)) << w;
+}
+
 // ---------------------------------------------------------------------------------------
 // The per-optimizer stage machine: ready -> unscaled -> stepped, update -> ready.
 
@@ -465,6 +484,19 @@ TEST(GradScalerStages, StepAfterUnscaleDoesNotDivideASecondTime) {
   EXPECT_TRUE(torch::allclose(model->bias.grad(), true_grads[1], 1e-6, 1e-9));
   EXPECT_TRUE(torch::allclose(model->weight.detach(), weight_before - 0.5 * true_grads[0],
                               1e-6, 1e-7));
+}
+
+TEST(GradScalerStages, ClippingBetweenUnscaleAndStepIsWhatTheOptimizerUses) {
+  // The seed's second example: unscale_, clip the real gradients, then step.
+  HandParam p({0.0f, 0.0f});
+  GradScaler scaler;
+  p.set_grad(scaled({3.0f, 4.0f}, kDefaultScale));  // true norm 5
+  scaler.unscale_(p.opt);
+  const double norm = torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{p.param}, 1.0);
+  EXPECT_NEAR(norm, 5.0, 1e-5) << "clip_grad_norm_ saw gradients that were not unscaled";
+  ASSERT_TRUE(scaler.step(p.opt).has_value());
+  EXPECT_TRUE(torch::allclose(p.param.detach(), torch::tensor({-0.6f, -0.8f}), 1e-5, 1e-6))
+      << p.param;
 }
 
 // ---------------------------------------------------------------------------------------

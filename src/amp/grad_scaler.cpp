@@ -163,12 +163,21 @@ void GradScaler::unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimiz
   const std::vector<torch::Tensor> grads = checked_gradients(optimizer);
   if (!grads.empty()) {
     lazy_init_(grads.front().device());
+  }
+  // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
+  // made, clean, whenever the scale exists, so that a hook runs on every rank alike.
+  if (scale_.defined()) {
     torch::Tensor found_inf = at::zeros({}, scale_.options());
     detail::unscale_grads_(grads, scale_, found_inf);
+    if (found_inf_hook_) {
+      found_inf_hook_(found_inf);
+    }
     record.found_inf = found_inf;
   }
   record.stage = OptimizerStage::kUnscaled;
 }
+
+void GradScaler::set_found_inf_hook(FoundInfHook hook) { found_inf_hook_ = std::move(hook); }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) {

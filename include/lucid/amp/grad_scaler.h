@@ -9,6 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -77,6 +78,13 @@ class GradScaler {
   /// The stage of `optimizer` in the current iteration (kReady if never seen).
   OptimizerStage stage(const torch::optim::Optimizer& optimizer) const;
 
+  /// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
+  /// means clean) each time unscale_ or step computes it, before anything reads it. The
+  /// hook may change the flag in place: a distributed binding all-reduces it (MAX) so
+  /// that every rank skips and backs off together. Pass nullptr to remove it.
+  using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
+  void set_found_inf_hook(FoundInfHook hook);
+
   /// Keys: scale, growth_factor, backoff_factor, growth_interval, growth_tracker.
   std::map<std::string, double> state_dict() const;
   /// Loads a state_dict; a missing key or invalid value throws c10::ValueError and
@@ -101,6 +109,7 @@ class GradScaler {
   torch::Tensor scale_;           // float32, 0-dim, on the device of the first output
   torch::Tensor growth_tracker_;  // int32, 0-dim, beside scale_
   std::unordered_map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
+  FoundInfHook found_inf_hook_;
 };
 
 }  // namespace amp
