@@ -571,6 +571,9 @@ TEST(GradScalerDisabled, UpdateDoesNothingAndGetScaleIsOne) {
   EXPECT_EQ(scaler.get_scale(), 1.0);
   scaler.update(8.0);
   EXPECT_EQ(scaler.get_scale(), 1.0);
+  // A no-op does not even look at its argument.
+  EXPECT_NO_THROW(scaler.update(std::numeric_limits<double>::quiet_NaN()));
+  EXPECT_EQ(scaler.get_scale(), 1.0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -780,7 +783,11 @@ class GradScalerBackend : public ::testing::TestWithParam<BackendCase> {
   }
   void TearDown() override { guard_.reset(); }
 
-  torch::Device dev() const { return torch::Device(GetParam().device); }
+  // With an index, so that it compares equal to the device tensors report (cuda:0).
+  torch::Device dev() const {
+    return GetParam().device == torch::kCUDA ? torch::Device(torch::kCUDA, 0)
+                                             : torch::Device(torch::kCPU);
+  }
   torch::TensorOptions on(torch::ScalarType dtype = torch::kFloat) const {
     return torch::TensorOptions().dtype(dtype).device(dev());
   }

@@ -5,3 +5,4 @@
 #include <lucid/amp/autocast.h>
 #include <lucid/amp/grad_scaler.h>
 #include <lucid/amp/version.h>
+#include <lucid/optim.h>

@@ -14,6 +14,8 @@
 
 #include <lucid/amp/grad_scaler.h>
 
+#include <lucid/optim/fused_optimizer.h>
+
 #include "amp/kernel_routing.h"
 #include "cpu/amp_kernels.h"
 
@@ -179,6 +181,45 @@ void GradScaler::unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimiz
 
 void GradScaler::set_found_inf_hook(FoundInfHook hook) { found_inf_hook_ = std::move(hook); }
 
+// The scaler-aware counterpart of unscale_checked_: the same checks and flag, but the
+// gradients are only read (NOTE: [Scaler-aware optimizers] in src/optim).
+void GradScaler::check_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record) {
+  const std::vector<torch::Tensor> grads = checked_gradients(optimizer);
+  if (!grads.empty()) {
+    lazy_init_(grads.front().device());
+  }
+  if (scale_.defined()) {
+    torch::Tensor found_inf = at::zeros({}, scale_.options());
+    detail::check_grads_finite_(grads, scale_, found_inf);
+    if (found_inf_hook_) {
+      found_inf_hook_(found_inf);
+    }
+    record.found_inf = found_inf;
+  }
+}
+
+std::optional<torch::Tensor> GradScaler::step_scaler_aware_(torch::optim::Optimizer& optimizer,
+                                                            PerOptimizer& record) {
+  auto& aware = dynamic_cast<lucid::optim::ScalerAware&>(optimizer);
+  // Gradients unscale_'d already are handed over as they are; otherwise the optimizer
+  // divides them by the scale inside its own kernel.
+  torch::Tensor scale_for_optimizer;
+  if (record.stage == OptimizerStage::kReady) {
+    check_checked_(optimizer, record);
+    scale_for_optimizer = scale_;
+  }
+  aware.set_grad_scaling(scale_for_optimizer, record.found_inf);
+  torch::Tensor result = optimizer.step();
+  record.stage = OptimizerStage::kStepped;
+  if (options_.graph_safe()) {
+    return result;
+  }
+  // Read after the launch: the step was already skipped on the device if needed, the
+  // flag only tells the caller.
+  const bool overflow = record.found_inf.defined() && record.found_inf.item<float>() != 0.0f;
+  return overflow ? std::nullopt : std::optional<torch::Tensor>(result);
+}
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) {
     return;
@@ -210,6 +251,14 @@ std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer
   TORCH_CHECK(record.stage != OptimizerStage::kStepped,
               "step() has already been called on this optimizer since the last update(); "
               "call update() once per iteration, after the steps.");
+  const bool scaler_aware = dynamic_cast<lucid::optim::ScalerAware*>(&optimizer) != nullptr;
+  TORCH_CHECK(scaler_aware || !options_.graph_safe(),
+              "GradScaler in graph_safe mode skips steps on the device, which only lucid::optim "
+              "fused optimizers (FusedSGD, FusedAdam, FusedAdamW) can do; use one of them, or "
+              "turn graph_safe off.");
+  if (scaler_aware) {
+    return step_scaler_aware_(optimizer, record);
+  }
   if (record.stage == OptimizerStage::kReady) {
     unscale_checked_(optimizer, record);
   }

@@ -1,8 +1,10 @@
 #include "amp/kernel_routing.h"
 
 #include "cpu/amp_kernels.h"
-#include "cuda/amp_aten_bridge.h"
 #include "generic/amp_ops.h"
+#ifdef LUCID_AMP_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <atomic>
 
@@ -29,10 +31,11 @@ Backend backend_for(const at::Tensor& dense) {
   if (dense.is_cpu() && dense.is_non_overlapping_and_dense()) {
     return Backend::kCpu;
   }
-  // float64 goes generic on CUDA: ATen's kernel takes 1/scale in float32 only.
-  if (dense.is_cuda() && dense.scalar_type() != at::kDouble) {
+#ifdef LUCID_AMP_WITH_CUDA
+  if (dense.is_cuda() && dense.is_non_overlapping_and_dense()) {
     return Backend::kCuda;
   }
+#endif
   return Backend::kGeneric;
 }
 
@@ -54,47 +57,76 @@ std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tenso
   return groups;
 }
 
+// kWrite false: the read-only check. `scale` may be undefined there (multiply by 1).
+template <bool kWrite>
+void run_cpu_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
+  // Reading a CPU scale is no synchronisation; a device scale with CPU gradients (a
+  // model split over devices) has to come to the host once.
+  const double inv =
+      scale.defined() ? 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>())
+                      : 1.0;
+  const bool found = kWrite ? cpu::unscale_and_check_(group.tensors, inv)
+                            : cpu::check_finite(group.tensors, inv);
+  if (found) {
+    found_inf.fill_(1.0);
+  }
+}
+
+#ifdef LUCID_AMP_WITH_CUDA
 // Raises `found_inf` (on its own device) by a flag that lives on another device.
 void merge_found_inf(at::Tensor& found_inf, const at::Tensor& local) {
   found_inf.copy_(at::maximum(found_inf, local.to(found_inf.device())));
 }
 
-void run_cpu_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
-  // Reading a CPU scale is no synchronisation; a device scale with CPU gradients (a
-  // model split over devices) has to come to the host once.
-  const float s = (scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>();
-  if (cpu::unscale_and_check_(group.tensors, 1.0 / static_cast<double>(s))) {
-    found_inf.fill_(1.0);
+template <bool kWrite>
+void run_cuda_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
+  const bool local_flag = found_inf.device() != group.device;
+  at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(group.device)) : found_inf;
+  if (kWrite) {
+    cuda::unscale_and_check_(group.tensors, scale, flag);
+  } else {
+    cuda::check_finite_(group.tensors, scale, flag);
+  }
+  if (local_flag) {
+    merge_found_inf(found_inf, flag);
   }
 }
+#endif
 
-void run_cuda_group(const LaunchGroup& group, const at::Tensor& scale, at::Tensor& found_inf) {
-  if (found_inf.device() == group.device) {
-    cuda::unscale_and_check_(group.tensors, scale, found_inf);
-    return;
+template <bool kWrite>
+void run_groups(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                at::Tensor& found_inf) {
+  for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
+    switch (group.backend) {
+      case Backend::kCpu:
+        run_cpu_group<kWrite>(group, scale, found_inf);
+        break;
+      case Backend::kCuda:
+#ifdef LUCID_AMP_WITH_CUDA
+        run_cuda_group<kWrite>(group, scale, found_inf);
+#endif
+        break;
+      case Backend::kGeneric:
+        if (kWrite) {
+          generic::unscale_and_check_(group.tensors, scale, found_inf);
+        } else {
+          generic::check_finite_(group.tensors, scale, found_inf);
+        }
+        break;
+    }
   }
-  at::Tensor local = at::zeros({}, found_inf.options().device(group.device));
-  cuda::unscale_and_check_(group.tensors, scale, local);
-  merge_found_inf(found_inf, local);
 }
 
 }  // namespace
 
 void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                     at::Tensor& found_inf) {
-  for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
-    switch (group.backend) {
-      case Backend::kCpu:
-        run_cpu_group(group, scale, found_inf);
-        break;
-      case Backend::kCuda:
-        run_cuda_group(group, scale, found_inf);
-        break;
-      case Backend::kGeneric:
-        generic::unscale_and_check_(group.tensors, scale, found_inf);
-        break;
-    }
-  }
+  run_groups<true>(grads, scale, found_inf);
+}
+
+void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         at::Tensor& found_inf) {
+  run_groups<false>(grads, scale, found_inf);
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
@@ -102,9 +134,11 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
   if (!force_generic.load() && scale.is_cpu()) {
     cpu::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                        growth_interval);
+#ifdef LUCID_AMP_WITH_CUDA
   } else if (!force_generic.load() && scale.is_cuda()) {
     cuda::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                         growth_interval);
+#endif
   } else {
     generic::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
                            growth_interval);

@@ -27,6 +27,12 @@ namespace detail {
 void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                     at::Tensor& found_inf);
 
+// The read-only twin of unscale_grads_: raises `found_inf` when any gradient times
+// 1/scale is non-finite, writes no gradient. `scale` may be undefined (gradients already
+// unscaled). Used with the fused optimizers, which unscale inside their own update.
+void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         at::Tensor& found_inf);
+
 // One step of the sawtooth, on the scale's device, with no host synchronisation.
 // Args:
 //   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0; by growth

@@ -11,6 +11,10 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+
 #define LUCID_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||        \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -71,6 +75,22 @@ inline void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtyp
     at::autocast::set_autocast_gpu_dtype(dtype);
   }
 #endif
+}
+
+// The key torch::optim::Optimizer::state() uses for a parameter: the address of its
+// TensorImpl, as a string in LibTorch 1.13 and as the pointer itself in later versions.
+// Fused optimizers key their state the same way so torch::optim's serialize helpers
+// save and load it.
+template <typename StateMap>
+typename StateMap::key_type optimizer_state_key(const at::Tensor& param) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same<Key, std::string>::value) {
+    std::ostringstream out;
+    out << param.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
 }
 
 }  // namespace compat

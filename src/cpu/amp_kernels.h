@@ -20,6 +20,9 @@ namespace cpu {
 // Returns whether any unscaled value is non-finite.
 bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale);
 
+// The read-only twin: whether any gradient times inv_scale is non-finite; writes nothing.
+bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale);
+
 // The scale and tracker after one update; shared by the CPU kernel below and by the
 // host-side update a scaler does before its tensors exist.
 struct ScaleState {

@@ -46,11 +46,13 @@ struct Span {
   at::ScalarType dtype;
 };
 
+// kWrite false: the read-only check (nothing stored).
+template <bool kWrite>
 LUCID_CPU_CLONES bool unscale_span_f32(float* p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float y = p[i] * inv;
-    p[i] = y;
+    if (kWrite) p[i] = y;
     uint32_t bits;
     std::memcpy(&bits, &y, sizeof bits);
     bad |= static_cast<uint32_t>((bits & kF32ExponentMask) == kF32ExponentMask);
@@ -58,11 +60,12 @@ LUCID_CPU_CLONES bool unscale_span_f32(float* p, int64_t n, float inv) {
   return bad != 0;
 }
 
+template <bool kWrite>
 LUCID_CPU_CLONES bool unscale_span_f64(double* p, int64_t n, double inv) {
   uint64_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double y = p[i] * inv;
-    p[i] = y;
+    if (kWrite) p[i] = y;
     uint64_t bits;
     std::memcpy(&bits, &y, sizeof bits);
     bad |= static_cast<uint64_t>((bits & kF64ExponentMask) == kF64ExponentMask);
@@ -70,6 +73,7 @@ LUCID_CPU_CLONES bool unscale_span_f64(double* p, int64_t n, double inv) {
   return bad != 0;
 }
 
+template <bool kWrite>
 LUCID_CPU_CLONES bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
   uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -80,21 +84,24 @@ LUCID_CPU_CLONES bool unscale_span_bf16(uint16_t* p, int64_t n, float inv) {
     uint32_t bits;
     std::memcpy(&bits, &y, sizeof bits);
     bad |= static_cast<uint32_t>((bits & kF32ExponentMask) == kF32ExponentMask);
-    const bool is_nan = (bits & 0x7fffffffu) > kF32ExponentMask;
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    p[i] = is_nan ? kBF16QuietNaN : static_cast<uint16_t>(rounded);
+    if (kWrite) {
+      const bool is_nan = (bits & 0x7fffffffu) > kF32ExponentMask;
+      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+      p[i] = is_nan ? kBF16QuietNaN : static_cast<uint16_t>(rounded);
+    }
   }
   return bad != 0;
 }
 
+template <bool kWrite>
 bool unscale_span(const Span& span, float inv_f32, double inv_f64) {
   switch (span.dtype) {
     case at::kFloat:
-      return unscale_span_f32(static_cast<float*>(span.data), span.numel, inv_f32);
+      return unscale_span_f32<kWrite>(static_cast<float*>(span.data), span.numel, inv_f32);
     case at::kDouble:
-      return unscale_span_f64(static_cast<double*>(span.data), span.numel, inv_f64);
+      return unscale_span_f64<kWrite>(static_cast<double*>(span.data), span.numel, inv_f64);
     case at::kBFloat16:
-      return unscale_span_bf16(static_cast<uint16_t*>(span.data), span.numel, inv_f32);
+      return unscale_span_bf16<kWrite>(static_cast<uint16_t*>(span.data), span.numel, inv_f32);
     default:
       TORCH_INTERNAL_ASSERT(false, "lucid-amp CPU unscale got dtype ", span.dtype);
   }
@@ -115,20 +122,33 @@ std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads) {
 
 }  // namespace
 
-bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale) {
+namespace {
+
+template <bool kWrite>
+bool run_spans(const std::vector<at::Tensor>& grads, double inv_scale) {
   const std::vector<Span> spans = split_into_chunks(grads);
   const float inv_f32 = static_cast<float>(inv_scale);
   std::atomic<bool> found{false};
   at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
     bool local = false;
     for (int64_t i = begin; i < end; ++i) {
-      local |= unscale_span(spans[i], inv_f32, inv_scale);
+      local |= unscale_span<kWrite>(spans[i], inv_f32, inv_scale);
     }
     if (local) {
       found.store(true, std::memory_order_relaxed);
     }
   });
   return found.load();
+}
+
+}  // namespace
+
+bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale) {
+  return run_spans<true>(grads, inv_scale);
+}
+
+bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale) {
+  return run_spans<false>(grads, inv_scale);
 }
 
 }  // namespace cpu

@@ -24,6 +24,20 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
   }
 }
 
+void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                   at::Tensor& found_inf) {
+  for (const auto& grad : grads) {
+    const at::ScalarType opmath =
+        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor work = grad.to(opmath);
+    if (scale.defined()) {
+      work = work * scale.to(grad.device(), opmath).reciprocal();
+    }
+    const at::Tensor bad = work.isfinite().logical_not().any();
+    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+  }
+}
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
   // Same decisions as cpu::next_scale_state, written as selects on the device. The

@@ -18,6 +18,11 @@ namespace generic {
 void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                         at::Tensor& found_inf);
 
+// Read-only: raises `found_inf` when any gradient times 1/scale (1 if `scale` is
+// undefined) is non-finite.
+void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                   at::Tensor& found_inf);
+
 // The scale update as tensor ops on the scale's own device.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);

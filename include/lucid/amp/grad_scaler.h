@@ -31,6 +31,11 @@ struct GradScalerOptions {
   TORCH_ARG(int64_t, growth_interval) = 2000;
   /// When false the scaler is a transparent pass-through.
   TORCH_ARG(bool, enabled) = true;
+  /// Opt-in: step() never reads the overflow flag back; skipping happens on the device
+  /// inside a lucid::optim fused optimizer (any other optimizer is refused), and step()
+  /// returns the optimizer's value even when the update was skipped. Lets a whole
+  /// training step be captured in a CUDA graph. Off: the seed's behaviour.
+  TORCH_ARG(bool, graph_safe) = false;
 };
 
 /// Where one optimizer is in the current iteration (seed: ready -> unscaled -> stepped).
@@ -99,6 +104,9 @@ class GradScaler {
 
   void lazy_init_(const at::Device& device);
   void unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record);
+  void check_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record);
+  std::optional<torch::Tensor> step_scaler_aware_(torch::optim::Optimizer& optimizer,
+                                                  PerOptimizer& record);
   PerOptimizer& record_for_(const torch::optim::Optimizer& optimizer);
   int64_t growth_tracker_value_() const;
 

@@ -1,0 +1,427 @@
+// Multi-tensor CUDA kernels: unscale-and-check, read-only check, fused Adam/AdamW and
+// SGD. NOTE: [Multi-tensor ranges] in kernels.h says how work is split.
+
+#include "cuda/kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lucid {
+namespace amp {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Independent 16-byte loads each thread keeps in flight: enough bytes in flight per SM
+// to cover HBM latency at full bandwidth.
+constexpr int kUnroll = 4;
+constexpr int64_t kMinElementsPerBlock = 4096;
+
+// ---- element types --------------------------------------------------------------------
+
+__device__ __forceinline__ uint16_t float_to_bf16_rne(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return 0x7fc0;  // quiet NaN, as c10::BFloat16
+  }
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Storage type S, the type math runs in (opmath), and conversions between them.
+template <typename S>
+struct Element;
+
+template <>
+struct Element<float> {
+  using opmath = float;
+  __device__ static float load(float x) { return x; }
+  __device__ static float store(float x) { return x; }
+};
+
+template <>
+struct Element<double> {
+  using opmath = double;
+  __device__ static double load(double x) { return x; }
+  __device__ static double store(double x) { return x; }
+};
+
+// bfloat16, held as its 16 bits.
+template <>
+struct Element<uint16_t> {
+  using opmath = float;
+  __device__ static float load(uint16_t x) { return __uint_as_float(static_cast<uint32_t>(x) << 16); }
+  __device__ static uint16_t store(float x) { return float_to_bf16_rne(x); }
+};
+
+// 1/scale: computed in float64 and rounded to the opmath type (PyTorch's rule).
+template <typename O>
+__device__ __forceinline__ O inverse_scale(const float* scale) {
+  return scale == nullptr ? O(1) : static_cast<O>(1.0 / static_cast<double>(*scale));
+}
+
+// ---- the range walk -----------------------------------------------------------------
+
+struct Table {
+  const int64_t* offsets;  // n + 1 entries
+  const int64_t* pointers;  // depth lists of n
+  int n;
+  int64_t total;
+
+  __device__ void* pointer(int list, int tensor) const {
+    return reinterpret_cast<void*>(pointers[static_cast<int64_t>(list) * n + tensor]);
+  }
+};
+
+__device__ __forceinline__ int find_tensor(const int64_t* offsets, int n, int64_t global) {
+  // The largest t with offsets[t] <= global: skips empty tensors, since for that t
+  // offsets[t + 1] > global.
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= global) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+template <typename S>
+union Pack {
+  uint4 raw;
+  S e[16 / sizeof(S)];
+};
+
+// Applies `op` to the elements [lo, hi) of one tensor's `D` lists; op.element(S (&)[D])
+// transforms one element of each list in registers; lists with Op::writes(d) are stored.
+template <typename S, int D, typename Op>
+__device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op) {
+  constexpr int kPer = 16 / sizeof(S);
+  auto scalar = [&](int64_t i) {
+    S e[D];
+#pragma unroll
+    for (int d = 0; d < D; ++d) e[d] = ptrs[d][i];
+    op.element(e);
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+      if (Op::writes(d)) ptrs[d][i] = e[d];
+  };
+  // Head: up to the first 16-byte boundary of list 0.
+  const int64_t misalign = (reinterpret_cast<uintptr_t>(ptrs[0] + lo) % 16) / sizeof(S);
+  int64_t head_end = misalign == 0 ? lo : lo + (kPer - misalign);
+  if (head_end > hi) head_end = hi;
+  bool aligned = (reinterpret_cast<uintptr_t>(ptrs[0] + lo) % sizeof(S)) == 0;
+#pragma unroll
+  for (int d = 1; d < D; ++d)
+    aligned = aligned && (reinterpret_cast<uintptr_t>(ptrs[d] + head_end) % 16 == 0);
+  if (!aligned) {
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) scalar(i);
+    return;
+  }
+  for (int64_t i = lo + threadIdx.x; i < head_end; i += blockDim.x) scalar(i);
+  const int64_t nvec = (hi - head_end) / kPer;
+  for (int64_t v = threadIdx.x; v < nvec; v += static_cast<int64_t>(blockDim.x) * kUnroll) {
+    Pack<S> pack[kUnroll][D];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t idx = v + static_cast<int64_t>(u) * blockDim.x;
+      if (idx < nvec) {
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+          pack[u][d].raw = reinterpret_cast<const uint4*>(ptrs[d] + head_end)[idx];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t idx = v + static_cast<int64_t>(u) * blockDim.x;
+      if (idx < nvec) {
+#pragma unroll
+        for (int m = 0; m < kPer; ++m) {
+          S e[D];
+#pragma unroll
+          for (int d = 0; d < D; ++d) e[d] = pack[u][d].e[m];
+          op.element(e);
+#pragma unroll
+          for (int d = 0; d < D; ++d) pack[u][d].e[m] = e[d];
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+          if (Op::writes(d)) reinterpret_cast<uint4*>(ptrs[d] + head_end)[idx] = pack[u][d].raw;
+      }
+    }
+  }
+  for (int64_t i = head_end + nvec * kPer + threadIdx.x; i < hi; i += blockDim.x) scalar(i);
+}
+
+// This block's share of the concatenated elements, walked tensor by tensor.
+template <typename S, int D, typename Op>
+__device__ void walk_block_range(const Table& table, Op& op) {
+  const int64_t g = gridDim.x, b = blockIdx.x;
+  // Block boundaries on multiples of 8 elements keep most heads empty.
+  const int64_t begin = (table.total * b / g) & ~int64_t{7};
+  const int64_t end = (b + 1 == g) ? table.total : ((table.total * (b + 1) / g) & ~int64_t{7});
+  if (begin >= end) return;
+  int t = find_tensor(table.offsets, table.n, begin);
+  for (int64_t pos = begin; pos < end && t < table.n; ++t) {
+    const int64_t t_begin = table.offsets[t], t_end = table.offsets[t + 1];
+    const int64_t seg_end = t_end < end ? t_end : end;
+    if (seg_end > pos) {
+      S* ptrs[D];
+#pragma unroll
+      for (int d = 0; d < D; ++d) ptrs[d] = static_cast<S*>(table.pointer(d, t));
+      op.begin_tensor(table, t);
+      walk_segment<S, D>(ptrs, pos - t_begin, seg_end - t_begin, op);
+    }
+    pos = seg_end;
+  }
+}
+
+// ---- operations -----------------------------------------------------------------------
+
+template <typename S>
+struct UnscaleOp {
+  using E = Element<S>;
+  typename E::opmath inv;
+  bool bad = false;
+  __device__ static constexpr bool writes(int d) { return d == 0; }
+  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void element(S (&e)[1]) {
+    const auto x = E::load(e[0]) * inv;
+    bad |= !isfinite(x);
+    e[0] = E::store(x);
+  }
+};
+
+template <typename S>
+struct CheckOp {
+  using E = Element<S>;
+  typename E::opmath inv;
+  bool bad = false;
+  __device__ static constexpr bool writes(int) { return false; }
+  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void element(S (&e)[1]) { bad |= !isfinite(E::load(e[0]) * inv); }
+};
+
+template <typename S, bool kAmsgrad>
+struct AdamOp {
+  static constexpr int D = kAmsgrad ? 5 : 4;
+  using O = typename Element<S>::opmath;
+  AdamHyper h;
+  O inv;
+  int steps_list;
+  O step_size, sqrt_bc2, decay;
+  __device__ static constexpr bool writes(int d) { return d != 1; }
+  __device__ void begin_tensor(const Table& table, int t) {
+    // The step being taken: the counter is incremented by a later launch.
+    const double step = static_cast<double>(*static_cast<const float*>(table.pointer(steps_list, t))) + 1.0;
+    const double bc1 = 1.0 - pow(h.beta1, step);
+    const double bc2 = 1.0 - pow(h.beta2, step);
+    step_size = static_cast<O>(h.lr / bc1);
+    sqrt_bc2 = static_cast<O>(sqrt(bc2));
+    decay = static_cast<O>(1.0 - h.lr * h.weight_decay);
+  }
+  __device__ void element(S (&e)[D]) {
+    O p = e[0], g = e[1] * inv, m = e[2], v = e[3];
+    if (h.weight_decay != 0) {
+      if (h.decoupled_weight_decay) {
+        p = p * decay;
+      } else {
+        g = g + static_cast<O>(h.weight_decay) * p;
+      }
+    }
+    m = m * static_cast<O>(h.beta1) + static_cast<O>(1 - h.beta1) * g;
+    v = v * static_cast<O>(h.beta2) + static_cast<O>(1 - h.beta2) * g * g;
+    O v_used = v;
+    if (kAmsgrad) {
+      const O vmax = e[D - 1] > v ? e[D - 1] : v;
+      e[D - 1] = vmax;
+      v_used = vmax;
+    }
+    const O denom = sqrt(v_used) / sqrt_bc2 + static_cast<O>(h.eps);
+    p = p - step_size * (m / denom);
+    e[0] = p;
+    e[2] = m;
+    e[3] = v;
+  }
+};
+
+template <typename S, bool kMomentum>
+struct SgdOp {
+  static constexpr int D = kMomentum ? 3 : 2;
+  using O = typename Element<S>::opmath;
+  SgdHyper h;
+  O inv;
+  int steps_list;
+  bool first = false;
+  __device__ static constexpr bool writes(int d) { return d != 1; }
+  __device__ void begin_tensor(const Table& table, int t) {
+    first = *static_cast<const float*>(table.pointer(steps_list, t)) == 0.0f;
+  }
+  __device__ void element(S (&e)[D]) {
+    O p = e[0], d = e[1] * inv;
+    if (h.weight_decay != 0) d = d + static_cast<O>(h.weight_decay) * p;
+    if (kMomentum) {
+      O buf = first ? d : e[2] * static_cast<O>(h.momentum) + static_cast<O>(1 - h.dampening) * d;
+      e[D - 1] = buf;
+      d = h.nesterov ? d + static_cast<O>(h.momentum) * buf : buf;
+    }
+    e[0] = p - static_cast<O>(h.lr) * d;
+  }
+};
+
+// ---- kernels --------------------------------------------------------------------------
+
+__device__ __forceinline__ bool skipped(const float* found_inf) {
+  return found_inf != nullptr && *found_inf != 0.0f;
+}
+
+template <typename S, bool kWrite>
+__global__ void __launch_bounds__(kThreads) unscale_kernel(Table table, const float* scale, float* found_inf) {
+  using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
+  Op op;
+  op.inv = inverse_scale<typename Element<S>::opmath>(scale);
+  walk_block_range<S, 1>(table, op);
+  if (op.bad) {
+    *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+  }
+}
+
+template <typename S, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads) adam_kernel(Table table, AdamHyper h, const float* scale, const float* found_inf) {
+  if (skipped(found_inf)) return;
+  AdamOp<S, kAmsgrad> op;
+  op.h = h;
+  op.inv = inverse_scale<typename Element<S>::opmath>(scale);
+  op.steps_list = AdamOp<S, kAmsgrad>::D;
+  walk_block_range<S, AdamOp<S, kAmsgrad>::D>(table, op);
+}
+
+template <typename S, bool kMomentum>
+__global__ void __launch_bounds__(kThreads) sgd_kernel(Table table, SgdHyper h, const float* scale, const float* found_inf) {
+  if (skipped(found_inf)) return;
+  SgdOp<S, kMomentum> op;
+  op.h = h;
+  op.inv = inverse_scale<typename Element<S>::opmath>(scale);
+  op.steps_list = SgdOp<S, kMomentum>::D;
+  walk_block_range<S, SgdOp<S, kMomentum>::D>(table, op);
+}
+
+__global__ void increment_steps_kernel(Table table, int list, const float* found_inf) {
+  if (skipped(found_inf)) return;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < table.n; t += gridDim.x * blockDim.x) {
+    *static_cast<float*>(table.pointer(list, t)) += 1.0f;
+  }
+}
+
+// ---- launch helpers -------------------------------------------------------------------
+
+Table device_table(const TensorTable& t) {
+  return Table{t.data, t.data + t.num_tensors + 1, t.num_tensors, t.total_elements};
+}
+
+// Enough resident blocks to fill every SM, but no block with a trivial share.
+template <typename Kernel>
+int grid_for(Kernel kernel, int64_t total_elements) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
+  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int64_t wanted = (total_elements + kMinElementsPerBlock - 1) / kMinElementsPerBlock;
+  return static_cast<int>(wanted < full ? (wanted > 0 ? wanted : 1) : full);
+}
+
+template <bool kWrite>
+cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* scale,
+                           float* found_inf, cudaStream_t stream) {
+  if (t.total_elements == 0) return cudaSuccess;
+  const Table table = device_table(t);
+  switch (type) {
+    case ElementType::kFloat32: {
+      auto k = unscale_kernel<float, kWrite>;
+      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+      break;
+    }
+    case ElementType::kFloat64: {
+      auto k = unscale_kernel<double, kWrite>;
+      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+      break;
+    }
+    case ElementType::kBFloat16: {
+      auto k = unscale_kernel<uint16_t, kWrite>;
+      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+      break;
+    }
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t launch_adam_typed(const TensorTable& t, const AdamHyper& h, const float* scale,
+                              const float* found_inf, cudaStream_t stream) {
+  const Table table = device_table(t);
+  if (h.amsgrad) {
+    auto k = adam_kernel<S, true>;
+    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+  } else {
+    auto k = adam_kernel<S, false>;
+    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t launch_sgd_typed(const TensorTable& t, const SgdHyper& h, const float* scale,
+                             const float* found_inf, cudaStream_t stream) {
+  const Table table = device_table(t);
+  if (h.momentum != 0) {
+    auto k = sgd_kernel<S, true>;
+    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+  } else {
+    auto k = sgd_kernel<S, false>;
+    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_unscale_and_check(const TensorTable& table, ElementType type, const float* scale,
+                                     float* found_inf, cudaStream_t stream) {
+  return launch_unscale<true>(table, type, scale, found_inf, stream);
+}
+
+cudaError_t launch_check_finite(const TensorTable& table, ElementType type, const float* scale,
+                                float* found_inf, cudaStream_t stream) {
+  return launch_unscale<false>(table, type, scale, found_inf, stream);
+}
+
+cudaError_t launch_fused_adam(const TensorTable& table, ElementType type, const AdamHyper& hyper,
+                              const float* scale, const float* found_inf, cudaStream_t stream) {
+  if (table.total_elements == 0) return cudaSuccess;
+  return type == ElementType::kFloat64
+             ? launch_adam_typed<double>(table, hyper, scale, found_inf, stream)
+             : launch_adam_typed<float>(table, hyper, scale, found_inf, stream);
+}
+
+cudaError_t launch_fused_sgd(const TensorTable& table, ElementType type, const SgdHyper& hyper,
+                             const float* scale, const float* found_inf, cudaStream_t stream) {
+  if (table.total_elements == 0) return cudaSuccess;
+  return type == ElementType::kFloat64
+             ? launch_sgd_typed<double>(table, hyper, scale, found_inf, stream)
+             : launch_sgd_typed<float>(table, hyper, scale, found_inf, stream);
+}
+
+cudaError_t launch_increment_steps(const TensorTable& table, int list, const float* found_inf,
+                                   cudaStream_t stream) {
+  if (table.num_tensors == 0) return cudaSuccess;
+  const int blocks = (table.num_tensors + kThreads - 1) / kThreads;
+  increment_steps_kernel<<<blocks, kThreads, 0, stream>>>(device_table(table), list, found_inf);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,148 @@
+#include <lucid/optim/fused_adam.h>
+
+#include "compat/torch_compat.h"
+#include "optim/fused_launch.h"
+
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
+
+namespace lucid {
+namespace optim {
+namespace {
+
+void check_options(const FusedAdamOptions& o) {
+  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr(), "; it must be >= 0.");
+  TORCH_CHECK_VALUE(o.eps() >= 0, "Invalid epsilon value: ", o.eps(), "; it must be >= 0.");
+  const auto betas = o.betas();
+  TORCH_CHECK_VALUE(0 <= std::get<0>(betas) && std::get<0>(betas) < 1.0,
+                    "Invalid beta parameter at index 0: ", std::get<0>(betas),
+                    "; it must be in [0, 1).");
+  TORCH_CHECK_VALUE(0 <= std::get<1>(betas) && std::get<1>(betas) < 1.0,
+                    "Invalid beta parameter at index 1: ", std::get<1>(betas),
+                    "; it must be in [0, 1).");
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay(),
+                    "; it must be >= 0.");
+}
+
+}  // namespace
+
+FusedAdamOptions::FusedAdamOptions(double lr) : lr_(lr) {}
+
+void FusedAdamOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+}
+
+void FusedAdamOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+}
+
+double FusedAdamOptions::get_lr() const { return lr(); }
+
+void FusedAdamOptions::set_lr(const double lr) { this->lr(lr); }
+
+void FusedAdamParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+}
+
+void FusedAdamParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
+}
+
+FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     FusedAdamOptions defaults)
+    : FusedAdam(std::move(param_groups), defaults, /*decoupled_weight_decay=*/false) {}
+
+FusedAdam::FusedAdam(std::vector<torch::Tensor> params, FusedAdamOptions defaults)
+    : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     FusedAdamOptions defaults, bool decoupled_weight_decay)
+    : FusedOptimizer(std::move(param_groups), std::make_unique<FusedAdamOptions>(defaults)),
+      decoupled_weight_decay_(decoupled_weight_decay) {
+  check_options(defaults);
+}
+
+torch::Tensor FusedAdam::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const Scaling scaling = take_scaling_();
+  const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const FusedAdamOptions&>(group.options());
+    check_options(o);
+    const detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
+                                  o.eps(), o.weight_decay(), o.amsgrad(),
+                                  decoupled_weight_decay_};
+    for (const detail::Bucket& bucket : detail::bucket_group(group, name)) {
+      std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
+      for (size_t i = 0; i < bucket.params.size(); ++i) {
+        const at::Tensor& p = bucket.originals[i];
+        auto& slot = state_[compat::optimizer_state_key<decltype(state_)>(p)];
+        if (!slot) {
+          auto fresh = std::make_unique<FusedAdamParamState>();
+          fresh->step(detail::new_step_counter(p.device()));
+          fresh->exp_avg(at::zeros(p.sizes(), p.options()));
+          fresh->exp_avg_sq(at::zeros(p.sizes(), p.options()));
+          slot = std::move(fresh);
+        }
+        auto& s = static_cast<FusedAdamParamState&>(*slot);
+        if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
+          s.max_exp_avg_sq(at::zeros(p.sizes(), p.options()));
+        }
+        s.step(detail::on_device(s.step(), p.device()).to(at::kFloat));
+        s.exp_avg(detail::on_device(s.exp_avg(), p.device()).contiguous());
+        s.exp_avg_sq(detail::on_device(s.exp_avg_sq(), p.device()).contiguous());
+        exp_avg.push_back(s.exp_avg());
+        exp_avg_sq.push_back(s.exp_avg_sq());
+        if (o.amsgrad()) {
+          s.max_exp_avg_sq(detail::on_device(s.max_exp_avg_sq(), p.device()).contiguous());
+          max_exp_avg_sq.push_back(s.max_exp_avg_sq());
+        }
+        steps.push_back(s.step());
+      }
+      std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads, exp_avg, exp_avg_sq};
+      if (o.amsgrad()) {
+        lists.push_back(max_exp_avg_sq);
+      }
+      lists.push_back(steps);
+      detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+    }
+  }
+  return loss;
+}
+
+void FusedAdam::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedAdamParamState, FusedAdamOptions>(archive, *this);
+}
+
+void FusedAdam::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedAdamParamState, FusedAdamOptions>(archive, *this);
+}
+
+FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       FusedAdamOptions defaults)
+    : FusedAdam(std::move(param_groups), defaults, /*decoupled_weight_decay=*/true) {}
+
+FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, FusedAdamOptions defaults)
+    : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+}  // namespace optim
+}  // namespace lucid

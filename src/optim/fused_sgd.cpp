@@ -1,0 +1,122 @@
+#include <lucid/optim/fused_sgd.h>
+
+#include "compat/torch_compat.h"
+#include "optim/fused_launch.h"
+
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
+
+namespace lucid {
+namespace optim {
+namespace {
+
+void check_options(const FusedSGDOptions& o) {
+  TORCH_CHECK_VALUE(o.lr() >= 0, "Invalid learning rate: ", o.lr(), "; it must be >= 0.");
+  TORCH_CHECK_VALUE(o.momentum() >= 0, "Invalid momentum value: ", o.momentum(),
+                    "; it must be >= 0.");
+  TORCH_CHECK_VALUE(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay(),
+                    "; it must be >= 0.");
+  TORCH_CHECK_VALUE(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
+                    "Nesterov momentum requires a momentum > 0 and zero dampening.");
+}
+
+}  // namespace
+
+FusedSGDOptions::FusedSGDOptions(double lr) : lr_(lr) {}
+
+void FusedSGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+}
+
+void FusedSGDOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+}
+
+double FusedSGDOptions::get_lr() const { return lr(); }
+
+void FusedSGDOptions::set_lr(const double lr) { this->lr(lr); }
+
+void FusedSGDParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+}
+
+void FusedSGDParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
+}
+
+FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                   FusedSGDOptions defaults)
+    : FusedOptimizer(std::move(param_groups), std::make_unique<FusedSGDOptions>(defaults)) {
+  check_options(defaults);
+}
+
+FusedSGD::FusedSGD(std::vector<torch::Tensor> params, FusedSGDOptions defaults)
+    : FusedSGD({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+torch::Tensor FusedSGD::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  const Scaling scaling = take_scaling_();
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const FusedSGDOptions&>(group.options());
+    check_options(o);
+    const detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
+                                 o.nesterov()};
+    const bool momentum = o.momentum() != 0;
+    for (const detail::Bucket& bucket : detail::bucket_group(group, "FusedSGD")) {
+      std::vector<at::Tensor> buffers, steps;
+      for (size_t i = 0; i < bucket.params.size(); ++i) {
+        const at::Tensor& p = bucket.originals[i];
+        auto& slot = state_[compat::optimizer_state_key<decltype(state_)>(p)];
+        if (!slot) {
+          auto fresh = std::make_unique<FusedSGDParamState>();
+          fresh->step(detail::new_step_counter(p.device()));
+          slot = std::move(fresh);
+        }
+        auto& s = static_cast<FusedSGDParamState&>(*slot);
+        s.step(detail::on_device(s.step(), p.device()).to(at::kFloat));
+        if (momentum) {
+          // The kernel fills it from the first gradient (step counter 0).
+          if (!s.momentum_buffer().defined()) {
+            s.momentum_buffer(at::zeros(p.sizes(), p.options()));
+          }
+          s.momentum_buffer(detail::on_device(s.momentum_buffer(), p.device()).contiguous());
+          buffers.push_back(s.momentum_buffer());
+        }
+        steps.push_back(s.step());
+      }
+      std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads};
+      if (momentum) {
+        lists.push_back(buffers);
+      }
+      lists.push_back(steps);
+      detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+    }
+  }
+  return loss;
+}
+
+void FusedSGD::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<FusedSGDParamState, FusedSGDOptions>(archive, *this);
+}
+
+void FusedSGD::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<FusedSGDParamState, FusedSGDOptions>(archive, *this);
+}
+
+}  // namespace optim
+}  // namespace lucid

@@ -1,0 +1,357 @@
+// lucid::optim fused optimizers against torch::optim, and with GradScaler (CPU here;
+// the same checks run on CUDA in test_cuda.cpp).
+
+#include <gtest/gtest.h>
+
+#include <lucid/amp.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+namespace {
+
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+using lucid::optim::FusedAdam;
+using lucid::optim::FusedAdamOptions;
+using lucid::optim::FusedAdamW;
+using lucid::optim::FusedAdamWOptions;
+using lucid::optim::FusedSGD;
+using lucid::optim::FusedSGDOptions;
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+// Parameters of mixed shapes, one of them non-contiguous (a transposed view's base is
+// contiguous, so use a strided parameter made by as_strided on fresh storage).
+std::vector<torch::Tensor> make_params(torch::ScalarType dtype, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto opts = torch::TensorOptions().dtype(dtype);
+  std::vector<torch::Tensor> params{torch::randn({37, 11}, opts), torch::randn({5}, opts),
+                                    torch::randn({70000}, opts),
+                                    torch::randn({6, 9}, opts).t().contiguous().t()};
+  for (auto& p : params) p.requires_grad_(true);
+  return params;
+}
+
+std::vector<torch::Tensor> clone_params(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) {
+    // Keep the strides (the last one is non-contiguous on purpose).
+    auto c = torch::empty_strided(p.sizes(), p.strides(), p.options());
+    c.copy_(p.detach());
+    out.push_back(c.requires_grad_(true));
+  }
+  return out;
+}
+
+void set_grads(std::vector<torch::Tensor>& params, int step, double scale = 1.0) {
+  torch::manual_seed(1000 + step);
+  for (auto& p : params) {
+    p.mutable_grad() = (torch::randn(p.sizes(), p.options()) * scale);
+  }
+}
+
+void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                  double rtol, double atol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i], b[i], rtol, atol))
+        << "param " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
+struct Pair {
+  const char* name;
+  OptimizerFactory fused;
+  OptimizerFactory reference;
+};
+
+std::vector<Pair> pairs() {
+  return {
+      {"SgdPlain", [](auto p) { return std::make_unique<FusedSGD>(p, FusedSGDOptions(0.05)); },
+       [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05)); }},
+      {"SgdMomentumDampeningDecay",
+       [](auto p) {
+         return std::make_unique<FusedSGD>(
+             p, FusedSGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3));
+       },
+       [](auto p) {
+         return std::make_unique<torch::optim::SGD>(
+             p, torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.1).weight_decay(1e-3));
+       }},
+      {"SgdNesterov",
+       [](auto p) { return std::make_unique<FusedSGD>(p, FusedSGDOptions(0.05).momentum(0.9).nesterov(true)); },
+       [](auto p) {
+         return std::make_unique<torch::optim::SGD>(
+             p, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+       }},
+      {"Adam", [](auto p) { return std::make_unique<FusedAdam>(p, FusedAdamOptions(1e-2)); },
+       [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2)); }},
+      {"AdamAmsgradDecay",
+       [](auto p) {
+         return std::make_unique<FusedAdam>(p, FusedAdamOptions(1e-2).amsgrad(true).weight_decay(1e-2));
+       },
+       [](auto p) {
+         return std::make_unique<torch::optim::Adam>(
+             p, torch::optim::AdamOptions(1e-2).amsgrad(true).weight_decay(1e-2));
+       }},
+      {"AdamW", [](auto p) { return std::make_unique<FusedAdamW>(p, FusedAdamWOptions(1e-2)); },
+       [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-2)); }},
+      {"AdamWAmsgrad",
+       [](auto p) {
+         return std::make_unique<FusedAdamW>(p, FusedAdamWOptions(1e-2).amsgrad(true).betas({0.8, 0.99}));
+       },
+       [](auto p) {
+         return std::make_unique<torch::optim::AdamW>(
+             p, torch::optim::AdamWOptions(1e-2).amsgrad(true).betas({0.8, 0.99}));
+       }},
+  };
+}
+
+void PrintTo(const Pair& pair, std::ostream* os) { *os << pair.name; }
+
+class FusedVsTorch : public testing::TestWithParam<Pair> {};
+
+TEST_P(FusedVsTorch, HundredStepsWithinFloat32Rounding) {
+  auto a = make_params(torch::kFloat, 1), b = clone_params(a);
+  auto fused = GetParam().fused(a);
+  auto reference = GetParam().reference(b);
+  for (int step = 0; step < 100; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    fused->step();
+    reference->step();
+  }
+  expect_close(a, b, 1e-4, 1e-5);
+  EXPECT_FALSE(a[3].is_contiguous());  // updated through a contiguous copy, strides kept
+}
+
+TEST_P(FusedVsTorch, Float64ParametersMatchTightly) {
+  auto a = make_params(torch::kDouble, 2), b = clone_params(a);
+  auto fused = GetParam().fused(a);
+  auto reference = GetParam().reference(b);
+  for (int step = 0; step < 30; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    fused->step();
+    reference->step();
+  }
+  expect_close(a, b, 1e-10, 1e-12);
+}
+
+TEST_P(FusedVsTorch, UnderGradScalerWithInjectedOverflowsMatchesControlThatSkips) {
+  auto a = make_params(torch::kFloat, 3), b = clone_params(a);
+  auto fused = GetParam().fused(a);
+  auto reference = GetParam().reference(b);
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(4));
+  for (int step = 0; step < 20; ++step) {
+    const bool overflow = step == 3 || step == 11;
+    scaler.scale(torch::ones({}));
+    set_grads(a, step, scaler.get_scale());
+    if (overflow) {
+      a[1].mutable_grad()[2] = std::numeric_limits<float>::infinity();
+    }
+    const auto grad_before = a[0].grad().clone();
+    const bool stepped = scaler.step(*fused).has_value();
+    EXPECT_EQ(stepped, !overflow) << "step " << step;
+    // The fused path only reads the gradients: they keep their scaled values.
+    EXPECT_TRUE(torch::equal(a[0].grad(), grad_before));
+    scaler.update();
+    if (!overflow) {
+      set_grads(b, step);
+      reference->step();
+    }
+  }
+  expect_close(a, b, 1e-4, 1e-5);
+  // 1024, backoff at 3 -> 512, growth at 7 -> 1024, backoff at 11 -> 512, growths at
+  // 15 and 19 -> 2048.
+  EXPECT_EQ(scaler.get_scale(), 2048.0);
+}
+
+TEST_P(FusedVsTorch, UnscaleBeforeStepIsNotDividedTwice) {
+  auto a = make_params(torch::kFloat, 4), b = clone_params(a);
+  auto fused = GetParam().fused(a);
+  auto reference = GetParam().reference(b);
+  GradScaler scaler(GradScalerOptions().init_scale(64.0));
+  for (int step = 0; step < 5; ++step) {
+    scaler.scale(torch::ones({}));
+    set_grads(a, step, 64.0);
+    scaler.unscale_(*fused);
+    torch::nn::utils::clip_grad_norm_(a, 5.0);
+    EXPECT_TRUE(scaler.step(*fused).has_value());
+    scaler.update();
+    set_grads(b, step);
+    torch::nn::utils::clip_grad_norm_(b, 5.0);
+    reference->step();
+  }
+  expect_close(a, b, 1e-4, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, FusedVsTorch, testing::ValuesIn(pairs()),
+                         [](const testing::TestParamInfo<Pair>& info) { return std::string(info.param.name); });
+
+TEST(FusedOptimizers, SkippedStepLeavesStateAndStepCountersUnchanged) {
+  auto params = make_params(torch::kFloat, 5);
+  FusedAdam adam(params, FusedAdamOptions(1e-2));
+  set_grads(params, 0);
+  adam.step();
+  const auto key_state = [&]() -> lucid::optim::FusedAdamParamState& {
+    return static_cast<lucid::optim::FusedAdamParamState&>(*adam.state().begin()->second);
+  };
+  const auto step_before = key_state().step().clone();
+  const auto avg_before = key_state().exp_avg().clone();
+  const auto p_before = params[0].detach().clone();
+  set_grads(params, 1);
+  adam.set_grad_scaling(torch::full({}, 2.0f), torch::ones({}));
+  adam.step();
+  EXPECT_TRUE(torch::equal(key_state().step(), step_before));
+  EXPECT_TRUE(torch::equal(key_state().exp_avg(), avg_before));
+  EXPECT_TRUE(torch::equal(params[0].detach(), p_before));
+  // The scaling applies to one step only.
+  adam.step();
+  EXPECT_EQ(key_state().step().item<float>(), 2.0f);
+}
+
+TEST(FusedOptimizers, ParamGroupsAndLrSchedulerFollowTorch) {
+  auto a = make_params(torch::kFloat, 6), b = clone_params(a);
+  std::vector<torch::optim::OptimizerParamGroup> ga{
+      torch::optim::OptimizerParamGroup({a[0], a[1]}),
+      torch::optim::OptimizerParamGroup({a[2], a[3]}, std::make_unique<FusedAdamOptions>(1e-3))};
+  std::vector<torch::optim::OptimizerParamGroup> gb{
+      torch::optim::OptimizerParamGroup({b[0], b[1]}),
+      torch::optim::OptimizerParamGroup({b[2], b[3]}, std::make_unique<torch::optim::AdamOptions>(1e-3))};
+  FusedAdam fused(std::move(ga), FusedAdamOptions(1e-2));
+  torch::optim::Adam reference(std::move(gb), torch::optim::AdamOptions(1e-2));
+  torch::optim::StepLR sched_a(fused, 3, 0.5), sched_b(reference, 3, 0.5);
+  for (int step = 0; step < 12; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    fused.step();
+    reference.step();
+    sched_a.step();
+    sched_b.step();
+  }
+  EXPECT_DOUBLE_EQ(fused.param_groups()[1].options().get_lr(), 1e-3 * 0.0625);
+  expect_close(a, b, 1e-4, 1e-5);
+}
+
+TEST(FusedOptimizers, SaveAndLoadContinueExactly) {
+  auto a = make_params(torch::kFloat, 7), b = clone_params(a);
+  FusedAdamW first(a, FusedAdamWOptions(1e-2).amsgrad(true));
+  FusedAdamW straight(b, FusedAdamWOptions(1e-2).amsgrad(true));
+  for (int step = 0; step < 5; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    first.step();
+    straight.step();
+  }
+  std::stringstream stream;
+  torch::save(first, stream);
+  auto c = clone_params(a);
+  FusedAdamW resumed(c, FusedAdamWOptions(0.5));  // options come back from the archive
+  torch::load(resumed, stream);
+  EXPECT_DOUBLE_EQ(resumed.param_groups()[0].options().get_lr(), 1e-2);
+  for (int step = 5; step < 10; ++step) {
+    set_grads(c, step);
+    set_grads(b, step);
+    resumed.step();
+    straight.step();
+  }
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(torch::equal(c[i], b[i])) << "param " << i;
+  }
+}
+
+TEST(FusedOptimizers, SgdMomentumSaveAndLoadContinueExactly) {
+  auto a = make_params(torch::kFloat, 8), b = clone_params(a);
+  FusedSGD first(a, FusedSGDOptions(0.1).momentum(0.9));
+  FusedSGD straight(b, FusedSGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    set_grads(a, step);
+    set_grads(b, step);
+    first.step();
+    straight.step();
+  }
+  std::stringstream stream;
+  torch::save(first, stream);
+  auto c = clone_params(a);
+  FusedSGD resumed(c, FusedSGDOptions(0.1).momentum(0.9));
+  torch::load(resumed, stream);
+  for (int step = 3; step < 6; ++step) {
+    set_grads(c, step);
+    set_grads(b, step);
+    resumed.step();
+    straight.step();
+  }
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(torch::equal(c[i], b[i])) << "param " << i;
+  }
+}
+
+TEST(FusedOptimizers, InvalidOptionsAreValueErrors) {
+  auto p = make_params(torch::kFloat, 9);
+  EXPECT_THROW(FusedSGD(p, FusedSGDOptions(-1.0)), c10::ValueError);
+  EXPECT_THROW(FusedSGD(p, FusedSGDOptions(0.1).nesterov(true)), c10::ValueError);
+  EXPECT_THROW(FusedAdam(p, FusedAdamOptions(1e-3).betas({1.0, 0.999})), c10::ValueError);
+  EXPECT_THROW(FusedAdamW(p, FusedAdamWOptions(1e-3).eps(-1)), c10::ValueError);
+}
+
+TEST(FusedOptimizers, UnsupportedGradientsAreRefusedBeforeAnythingChanges) {
+  auto p = make_params(torch::kFloat, 10);
+  FusedAdam adam(p);
+  set_grads(p, 0);
+  const auto before = p[0].detach().clone();
+  p[2].mutable_grad() = p[2].grad().to_sparse();
+  EXPECT_THROW(adam.step(), c10::NotImplementedError);
+  EXPECT_TRUE(torch::equal(p[0].detach(), before));
+  auto half = torch::ones({4}, torch::kHalf).requires_grad_(true);
+  half.mutable_grad() = torch::ones({4}, torch::kHalf);
+  FusedSGD sgd({half}, FusedSGDOptions(0.1));
+  EXPECT_THROW(sgd.step(), c10::NotImplementedError);
+}
+
+TEST(FusedOptimizers, ClosureIsEvaluatedAndItsLossReturned) {
+  auto p = make_params(torch::kFloat, 11);
+  FusedSGD sgd(p, FusedSGDOptions(0.1));
+  auto loss = sgd.step([&] {
+    sgd.zero_grad();
+    auto l = p[0].sum();
+    l.backward();
+    return l;
+  });
+  ASSERT_TRUE(loss.defined());
+  EXPECT_TRUE(torch::allclose(p[0].grad(), torch::ones_like(p[0])));
+}
+
+TEST(GraphSafeMode, RefusesOptimizersThatCannotSkipOnTheDevice) {
+  auto p = make_params(torch::kFloat, 12);
+  torch::optim::SGD sgd(p, torch::optim::SGDOptions(0.1));
+  GradScaler scaler(GradScalerOptions().graph_safe(true));
+  set_grads(p, 0);
+  try {
+    scaler.step(sgd);
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("graph_safe"), std::string::npos);
+  }
+}
+
+TEST(GraphSafeMode, StepReturnsTheOptimizersValueAndSkipsOnTheDevice) {
+  auto p = make_params(torch::kFloat, 13);
+  FusedSGD sgd(p, FusedSGDOptions(0.1));
+  GradScaler scaler(GradScalerOptions().graph_safe(true).init_scale(8.0));
+  scaler.scale(torch::ones({}));
+  set_grads(p, 0, 8.0);
+  p[0].mutable_grad()[0][0] = std::numeric_limits<float>::quiet_NaN();
+  const auto before = p[0].detach().clone();
+  EXPECT_TRUE(scaler.step(sgd).has_value());  // no host read: the caller isn't told
+  EXPECT_TRUE(torch::equal(p[0].detach(), before));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+}  // namespace
