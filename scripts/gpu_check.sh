@@ -19,4 +19,5 @@ ctest --test-dir build-gpu --output-on-failure -j 8 >"$OUT/ctest.log" 2>&1
 tail -15 "$OUT/ctest.log"
 build-gpu/tests/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) "
 build-gpu/examples/seed_example 2>&1 | tee "$OUT/seed_example.log"
-build-gpu/benchmarks/bench_unscale cuda 116 1285 2>&1 | tee "$OUT/bench_unscale_cuda.log"
+build-gpu/benchmarks/bench_scaler_step 2>&1 | tee "$OUT/bench_scaler_step.log"
+[ -f .vendor/anchors/torch_scaler_baseline.py ] && python3 .vendor/anchors/torch_scaler_baseline.py > "$OUT/anchor.log" 2>&1; tail -c 1500 "$OUT/anchor.log" 2>/dev/null

@@ -9,10 +9,15 @@
 #include "amp/kernel_routing.h"
 
 #ifdef LUCID_AMP_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <functional>
 #include <limits>
+#include <memory>
 
 namespace {
 
@@ -196,6 +201,161 @@ TEST_F(Cuda, ScaleUnscaleAndUpdateNeverSynchroniseWithTheHost) {
     SyncsAreErrors no_syncs;
     EXPECT_NO_THROW(scaler.update());
   }
+}
+#endif
+
+// ---- own kernels against references -----------------------------------------------
+
+TEST_F(Cuda, OwnUnscaleKernelMatchesAReferenceOnManyTensorsAndDtypes) {
+  std::vector<torch::Tensor> grads, expected;
+  const float scale = 3.0f;
+  for (int i = 0; i < 40; ++i) {
+    const auto dtype = i % 3 == 0 ? torch::kFloat : i % 3 == 1 ? torch::kDouble : torch::kBFloat16;
+    auto g = (torch::randn({i * 4099 + 1}, torch::TensorOptions().dtype(torch::kDouble).device(gpu)) * 100).to(dtype);
+    if (i == 7) g = g.slice(0, 1);  // misaligned start: not a 16-byte boundary
+    grads.push_back(g);
+    expected.push_back(dtype == torch::kDouble ? g * (1.0 / 3.0)
+                                               : (g.to(torch::kFloat) * static_cast<float>(1.0 / 3.0)).to(dtype));
+  }
+  auto found = torch::zeros({}, gpu);
+  lucid::amp::detail::unscale_grads_(grads, torch::full({}, scale, gpu), found);
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_TRUE(torch::equal(grads[i], expected[i])) << "tensor " << i;
+  }
+  grads[25][grads[25].numel() - 1] = std::numeric_limits<float>::infinity();
+  lucid::amp::detail::unscale_grads_(grads, torch::full({}, 1.0f, gpu), found);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+}
+
+TEST_F(Cuda, ReadOnlyCheckWritesNothingAndFindsOverflowAfterScaling) {
+  auto g = torch::full({100003}, 2.0, gpu);
+  auto found = torch::zeros({}, gpu);
+  lucid::amp::detail::check_grads_finite_({g}, torch::full({}, 0.5f, gpu), found);
+  EXPECT_EQ(found.item<float>(), 0.0f);
+  EXPECT_TRUE(torch::all(g == 2.0).item<bool>());
+  g[100002] = 3e38;  // finite, but times 1/0.5 it overflows float32
+  lucid::amp::detail::check_grads_finite_({g}, torch::full({}, 0.5f, gpu), found);
+  EXPECT_EQ(found.item<float>(), 1.0f);
+}
+
+using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+void expect_fused_matches_torch_on(const torch::Device& device, Factory fused, Factory reference) {
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> a{torch::randn({300, 301}, device), torch::randn({7}, device),
+                               torch::randn({1 << 20}, device)};
+  std::vector<torch::Tensor> b;
+  for (auto& p : a) {
+    p.requires_grad_(true);
+    b.push_back(p.detach().clone().requires_grad_(true));
+  }
+  auto fo = fused(a);
+  auto ro = reference(b);
+  for (int step = 0; step < 100; ++step) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      auto g = torch::randn(a[i].sizes(), device);
+      a[i].mutable_grad() = g;
+      b[i].mutable_grad() = g.clone();
+    }
+    fo->step();
+    ro->step();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-4, 1e-5))
+        << "param " << i << " max diff " << (a[i] - b[i]).abs().max().item<double>();
+  }
+}
+
+TEST_F(Cuda, FusedSgdMomentumMatchesTorchOver100Steps) {
+  expect_fused_matches_torch_on(
+      gpu,
+      [](auto p) { return std::make_unique<lucid::optim::FusedSGD>(p, lucid::optim::FusedSGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4)); },
+      [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(1e-4)); });
+}
+
+TEST_F(Cuda, FusedAdamAmsgradMatchesTorchOver100Steps) {
+  expect_fused_matches_torch_on(
+      gpu,
+      [](auto p) { return std::make_unique<lucid::optim::FusedAdam>(p, lucid::optim::FusedAdamOptions(1e-3).amsgrad(true).weight_decay(1e-2)); },
+      [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-3).amsgrad(true).weight_decay(1e-2)); });
+}
+
+TEST_F(Cuda, FusedAdamWMatchesTorchOver100Steps) {
+  expect_fused_matches_torch_on(
+      gpu,
+      [](auto p) { return std::make_unique<lucid::optim::FusedAdamW>(p, lucid::optim::FusedAdamWOptions(1e-3)); },
+      [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3)); });
+}
+
+#ifdef LUCID_AMP_WITH_CUDA
+TEST_F(Cuda, GraphSafeFusedStepAndUpdateNeverSynchronise) {
+  torch::nn::Linear model(256, 256);
+  model->to(gpu);
+  lucid::optim::FusedAdamW optimizer(model->parameters(), lucid::optim::FusedAdamWOptions(1e-3));
+  GradScaler scaler(GradScalerOptions().graph_safe(true));
+  auto x = torch::randn({16, 256}, gpu);
+  scaler.scale(model->forward(x).pow(2).mean()).backward();
+  scaler.step(optimizer);  // first step creates state (allocations only)
+  scaler.update();
+  SyncsAreErrors no_syncs;
+  for (auto& p : model->parameters()) p.mutable_grad().zero_();
+  scaler.scale(model->forward(x).pow(2).mean()).backward();
+  EXPECT_NO_THROW(scaler.step(optimizer));
+  EXPECT_NO_THROW(scaler.update());
+}
+
+// A whole training step (forward, backward, scaled fused step, update) captured once in
+// a CUDA graph and replayed; an inf in the static input makes a replay skip on the device.
+TEST_F(Cuda, WholeTrainingStepCapturedInACudaGraphSkipsOnInjectedOverflow) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(64, 64);
+  model->to(gpu);
+  lucid::optim::FusedAdamW optimizer(model->parameters(), lucid::optim::FusedAdamWOptions(1e-2));
+  GradScaler scaler(GradScalerOptions().graph_safe(true).init_scale(1024.0).growth_interval(1000));
+  auto static_x = torch::randn({8, 64}, gpu);
+  auto static_y = torch::randn({8, 64}, gpu);
+  auto train_step = [&] {
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    auto loss = (model->forward(static_x) - static_y).pow(2).mean();
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+  };
+  auto side = c10::cuda::getStreamFromPool();
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    for (int i = 0; i < 3; ++i) train_step();
+  }
+  torch::cuda::synchronize();
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    graph.capture_begin();
+    train_step();
+    graph.capture_end();
+  }
+  const auto clean_x = static_x.clone();
+  auto w0 = model->weight.detach().clone();
+  graph.replay();
+  torch::cuda::synchronize();
+  EXPECT_FALSE(torch::equal(model->weight.detach(), w0)) << "a clean replay must update";
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+
+  static_x[0][0] = std::numeric_limits<float>::infinity();
+  auto w1 = model->weight.detach().clone();
+  graph.replay();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(model->weight.detach(), w1)) << "an overflowing replay must skip";
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+
+  static_x.copy_(clean_x);
+  graph.replay();
+  torch::cuda::synchronize();
+  EXPECT_FALSE(torch::equal(model->weight.detach(), w1));
+  EXPECT_EQ(scaler.get_scale(), 512.0);
 }
 #endif
 

@@ -1,0 +1,144 @@
+// Issue 3's GPU figures, side by side with PyTorch's own kernels in the same run:
+//  * unscale-and-check: lucid-amp's kernel vs ATen's _amp_foreach_non_finite_check_and_unscale_,
+//    both against a device copy of the same bytes (8 bytes per float32 gradient);
+//  * read-only check (4 bytes per gradient);
+//  * scaler step+update over the bare fused step, default mode and graph_safe mode;
+//  * bare FusedAdamW vs torch::optim::AdamW from C++ (at the smaller size);
+//  * host synchronisations per step in graph_safe mode, with CUDA's sync debug mode set
+//    to error (any synchronisation would throw).
+// The parameter shapes are those of ../shared/anchors/torch_scaler_baseline.py. Run that
+// script in the same call to compare with PyTorch's fused optimizers.
+//
+// Usage: bench_scaler_step [million_params layers]...   (default: 125 12 1300 24)
+
+#include <lucid/amp.h>
+#include <torch/torch.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "amp/kernel_routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+double median_ms(const std::function<void()>& fn, int iters = 20, int warm = 5) {
+  for (int i = 0; i < warm; ++i) fn();
+  torch::cuda::synchronize();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    fn();
+    stop.record();
+    stop.synchronize();
+    times.push_back(start.elapsed_time(stop));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Transformer-like parameters, as the anchor script makes them.
+std::vector<torch::Tensor> make_params(int64_t total, int layers) {
+  const int64_t d = static_cast<int64_t>(std::sqrt(static_cast<double>(total) / (12.0 * layers))) / 64 * 64;
+  std::vector<std::vector<int64_t>> shapes;
+  for (int l = 0; l < layers; ++l) {
+    const std::vector<std::vector<int64_t>> layer = {{3 * d, d}, {3 * d}, {d, d}, {d}, {4 * d, d}, {4 * d},
+                                                     {d, 4 * d}, {d}, {d}, {d}, {d}, {d}};
+    shapes.insert(shapes.end(), layer.begin(), layer.end());
+  }
+  std::vector<torch::Tensor> ps;
+  for (const auto& s : shapes) {
+    auto p = (torch::randn(s, torch::kCUDA) * 0.02).requires_grad_(true);
+    p.mutable_grad() = torch::randn(s, torch::kCUDA) * 1e3;
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+struct SyncsAreErrors {
+  SyncsAreErrors() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR); }
+  ~SyncsAreErrors() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED); }
+};
+
+void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
+  const double bare = median_ms([&] { opt.step(); });
+  lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(1.0));
+  scaler.scale(torch::ones({}, torch::kCUDA));
+  const double scaled = median_ms([&] { scaler.step(opt); scaler.update(); });
+  lucid::amp::GradScaler safe(lucid::amp::GradScalerOptions().init_scale(1.0).graph_safe(true));
+  safe.scale(torch::ones({}, torch::kCUDA));
+  const double graph_safe = median_ms([&] { safe.step(opt); safe.update(); });
+  int syncs_graph_safe = 0;
+  try {
+    SyncsAreErrors no_syncs;
+    safe.step(opt);
+    safe.update();
+  } catch (const c10::Error&) {
+    syncs_graph_safe = -1;  // at least one
+  }
+  std::printf("  %-22s bare %8.3f ms | scaler step+update %8.3f ms (%.3fx) | graph_safe %8.3f ms (%.3fx), host syncs %s\n",
+              name, bare, scaled, scaled / bare, graph_safe, graph_safe / bare,
+              syncs_graph_safe == 0 ? "0" : ">=1");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::pair<int64_t, int>> sizes;
+  for (int i = 1; i + 1 < argc; i += 2) sizes.push_back({std::stoll(argv[i]), std::stoi(argv[i + 1])});
+  if (sizes.empty()) sizes = {{125, 12}, {1300, 24}};
+  torch::manual_seed(0);
+  {
+    const int64_t n = int64_t{1} << 30;
+    auto a = torch::randn({n}, torch::kCUDA), b = torch::empty_like(a);
+    const double ms = median_ms([&] { b.copy_(a); });
+    std::printf("device copy: %.1f GB/s\n", 8.0 * n / ms / 1e6);
+  }
+  for (const auto& [millions, layers] : sizes) {
+    auto params = make_params(millions * 1000 * 1000, layers);
+    std::vector<torch::Tensor> grads;
+    int64_t P = 0;
+    for (auto& p : params) {
+      grads.push_back(p.grad());
+      P += p.numel();
+    }
+    std::printf("\n%ld parameters in %zu tensors\n", static_cast<long>(P), params.size());
+    auto copy_src = torch::randn({P}, torch::kCUDA), copy_dst = torch::empty_like(copy_src);
+    const double copy_ms = median_ms([&] { copy_dst.copy_(copy_src); });
+    auto found = torch::zeros({}, torch::kCUDA);
+    auto one = torch::ones({}, torch::kCUDA);
+    const double ours = median_ms([&] { lucid::amp::detail::unscale_grads_(grads, one, found); });
+    const double aten = median_ms([&] { at::_amp_foreach_non_finite_check_and_unscale_(grads, found, one); });
+    const double check = median_ms([&] { lucid::amp::detail::check_grads_finite_(grads, one, found); });
+    const double gb = 8.0 * P / 1e6;
+    std::printf("  copy (same bytes)      %8.3f ms  %7.1f GB/s\n", copy_ms, gb / copy_ms);
+    std::printf("  unscale lucid-amp      %8.3f ms  %7.1f GB/s  %.3f x copy\n", ours, gb / ours, copy_ms / ours);
+    std::printf("  unscale ATen (PyTorch) %8.3f ms  %7.1f GB/s  %.3f x copy\n", aten, gb / aten, copy_ms / aten);
+    std::printf("  read-only check        %8.3f ms  %7.1f GB/s (4 B/elt)  %.3f of a copy's time\n", check,
+                gb / 2 / check, check / copy_ms);
+    {
+      lucid::optim::FusedAdamW adamw(params, lucid::optim::FusedAdamWOptions(1e-3));
+      optimizer_rows("FusedAdamW", adamw);
+    }
+    {
+      lucid::optim::FusedSGD sgd(params, lucid::optim::FusedSGDOptions(1e-3).momentum(0.9));
+      optimizer_rows("FusedSGD momentum", sgd);
+    }
+    if (P < 300 * 1000 * 1000) {
+      torch::optim::AdamW reference(params, torch::optim::AdamWOptions(1e-3));
+      const double ms = median_ms([&] { reference.step(); }, 10, 2);
+      lucid::optim::FusedAdamW adamw(params, lucid::optim::FusedAdamWOptions(1e-3));
+      const double fused = median_ms([&] { adamw.step(); });
+      std::printf("  torch::optim::AdamW (C++) %8.3f ms vs FusedAdamW %8.3f ms: %.1fx faster\n", ms, fused, ms / fused);
+    }
+  }
+  return 0;
+}
