@@ -92,6 +92,7 @@ void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::vector<std::pair<int64_t, int>> sizes;
   for (int i = 1; i + 1 < argc; i += 2) sizes.push_back({std::stoll(argv[i]), std::stoi(argv[i + 1])});
   if (sizes.empty()) sizes = {{125, 12}, {1300, 24}};

@@ -20,4 +20,5 @@ tail -15 "$OUT/ctest.log"
 build-gpu/tests/test_cuda 2>&1 | tee "$OUT/test_cuda.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) "
 build-gpu/examples/seed_example 2>&1 | tee "$OUT/seed_example.log"
 build-gpu/benchmarks/bench_scaler_step 2>&1 | tee "$OUT/bench_scaler_step.log"
-[ -f .vendor/anchors/torch_scaler_baseline.py ] && python3 .vendor/anchors/torch_scaler_baseline.py > "$OUT/anchor.log" 2>&1; tail -c 1500 "$OUT/anchor.log" 2>/dev/null
+build-gpu/benchmarks/bench_gpt_step 2>&1 | tee "$OUT/bench_gpt_step.log"
+[ -f .vendor/anchors/torch_scaler_baseline.py ] && python3 .vendor/anchors/torch_scaler_baseline.py > "$OUT/anchor.log" 2>&1; grep -E "copy_GBps|unscale_GBps|overhead_ratio|bare_ms|fp16_scaler" "$OUT/anchor.log"

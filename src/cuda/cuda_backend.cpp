@@ -29,7 +29,9 @@ constexpr size_t kCachedTables = 64;
 
 const int64_t* device_table_for(std::vector<int64_t>&& host, const at::Device& device) {
   static std::mutex mutex;
-  static std::deque<CachedTable> cache;
+  // Never destroyed on purpose: at exit, CUDA and LibTorch's allocators may be torn down
+  // before static destructors would free these tensors.
+  static auto& cache = *new std::deque<CachedTable>();
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& entry : cache) {
     if (entry.device == device.index() && entry.host == host) {
