@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 namespace lucid {
 namespace amp {
@@ -96,8 +98,9 @@ union Pack {
 
 // Applies `op` to the elements [lo, hi) of one tensor's `D` lists; op.element(S (&)[D])
 // transforms one element of each list in registers; lists with Op::writes(d) are stored.
-template <typename S, int D, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, bool kStream = false, typename Op>
 __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op) {
+  constexpr int kUnroll = kUnrollT;
   constexpr int kPer = 16 / sizeof(S);
   auto scalar = [&](int64_t i) {
     S e[D];
@@ -129,8 +132,10 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
       const int64_t idx = v + static_cast<int64_t>(u) * blockDim.x;
       if (idx < nvec) {
 #pragma unroll
-        for (int d = 0; d < D; ++d)
-          pack[u][d].raw = reinterpret_cast<const uint4*>(ptrs[d] + head_end)[idx];
+        for (int d = 0; d < D; ++d) {
+          const uint4* src = reinterpret_cast<const uint4*>(ptrs[d] + head_end) + idx;
+          pack[u][d].raw = kStream ? __ldcs(src) : *src;
+        }
       }
     }
 #pragma unroll
@@ -147,8 +152,16 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
           for (int d = 0; d < D; ++d) pack[u][d].e[m] = e[d];
         }
 #pragma unroll
-        for (int d = 0; d < D; ++d)
-          if (Op::writes(d)) reinterpret_cast<uint4*>(ptrs[d] + head_end)[idx] = pack[u][d].raw;
+        for (int d = 0; d < D; ++d) {
+          if (Op::writes(d)) {
+            uint4* dst = reinterpret_cast<uint4*>(ptrs[d] + head_end) + idx;
+            if (kStream) {
+              __stcs(dst, pack[u][d].raw);
+            } else {
+              *dst = pack[u][d].raw;
+            }
+          }
+        }
       }
     }
   }
@@ -156,7 +169,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
 }
 
 // This block's share of the concatenated elements, walked tensor by tensor.
-template <typename S, int D, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, bool kStream = false, typename Op>
 __device__ void walk_block_range(const Table& table, Op& op) {
   const int64_t g = gridDim.x, b = blockIdx.x;
   // Block boundaries on multiples of 8 elements keep most heads empty.
@@ -172,7 +185,7 @@ __device__ void walk_block_range(const Table& table, Op& op) {
 #pragma unroll
       for (int d = 0; d < D; ++d) ptrs[d] = static_cast<S*>(table.pointer(d, t));
       op.begin_tensor(table, t);
-      walk_segment<S, D>(ptrs, pos - t_begin, seg_end - t_begin, op);
+      walk_segment<S, D, kUnrollT, kStream>(ptrs, pos - t_begin, seg_end - t_begin, op);
     }
     pos = seg_end;
   }
@@ -277,12 +290,12 @@ __device__ __forceinline__ bool skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;
 }
 
-template <typename S, bool kWrite>
-__global__ void __launch_bounds__(kThreads) unscale_kernel(Table table, const float* scale, float* found_inf) {
+template <typename S, bool kWrite, int kThreadsT = kThreads, int kUnrollT = kUnroll, bool kStream = false>
+__global__ void __launch_bounds__(kThreadsT) unscale_kernel(Table table, const float* scale, float* found_inf) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
   Op op;
   op.inv = inverse_scale<typename Element<S>::opmath>(scale);
-  walk_block_range<S, 1>(table, op);
+  walk_block_range<S, 1, kUnrollT, kStream>(table, op);
   if (op.bad) {
     *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
   }
@@ -323,14 +336,46 @@ Table device_table(const TensorTable& t) {
 
 // Enough resident blocks to fill every SM, but no block with a trivial share.
 template <typename Kernel>
-int grid_for(Kernel kernel, int64_t total_elements) {
+int grid_for(Kernel kernel, int64_t total_elements, int threads = kThreads, int oversubscribe = 1) {
   int device = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0);
-  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1) * oversubscribe;
   const int64_t wanted = (total_elements + kMinElementsPerBlock - 1) / kMinElementsPerBlock;
   return static_cast<int>(wanted < full ? (wanted > 0 ? wanted : 1) : full);
+}
+
+// Launch-shape variants of the unscale kernel, picked by LUCID_AMP_UNSCALE_VARIANT
+// (tuning only; 0 is the default).
+template <typename S, bool kWrite, int kT, int kU, int kOver, bool kStream>
+void launch_variant(const Table& table, int64_t total, const float* scale, float* found_inf,
+                    cudaStream_t stream) {
+  auto k = unscale_kernel<S, kWrite, kT, kU, kStream>;
+  k<<<grid_for(k, total, kT, kOver), kT, 0, stream>>>(table, scale, found_inf);
+}
+
+int unscale_variant() {
+  static const int variant = [] {
+    const char* v = std::getenv("LUCID_AMP_UNSCALE_VARIANT");
+    return v ? std::atoi(v) : 0;
+  }();
+  return variant;
+}
+
+template <typename S, bool kWrite>
+void launch_unscale_typed(const Table& table, int64_t total, const float* scale, float* found_inf,
+                          cudaStream_t stream) {
+  switch (unscale_variant()) {
+    case 1: launch_variant<S, kWrite, 512, 4, 1, false>(table, total, scale, found_inf, stream); break;
+    case 2: launch_variant<S, kWrite, 256, 8, 1, false>(table, total, scale, found_inf, stream); break;
+    case 3: launch_variant<S, kWrite, 256, 4, 4, false>(table, total, scale, found_inf, stream); break;
+    case 4: launch_variant<S, kWrite, 512, 2, 4, false>(table, total, scale, found_inf, stream); break;
+    case 5: launch_variant<S, kWrite, 256, 4, 1, true>(table, total, scale, found_inf, stream); break;
+    case 6: launch_variant<S, kWrite, 128, 8, 2, false>(table, total, scale, found_inf, stream); break;
+    case 7: launch_variant<S, kWrite, 512, 1, 8, false>(table, total, scale, found_inf, stream); break;
+    default: launch_variant<S, kWrite, 256, 4, 1, false>(table, total, scale, found_inf, stream); break;
+  }
 }
 
 template <bool kWrite>
@@ -339,21 +384,15 @@ cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* 
   if (t.total_elements == 0) return cudaSuccess;
   const Table table = device_table(t);
   switch (type) {
-    case ElementType::kFloat32: {
-      auto k = unscale_kernel<float, kWrite>;
-      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+    case ElementType::kFloat32:
+      launch_unscale_typed<float, kWrite>(table, t.total_elements, scale, found_inf, stream);
       break;
-    }
-    case ElementType::kFloat64: {
-      auto k = unscale_kernel<double, kWrite>;
-      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+    case ElementType::kFloat64:
+      launch_unscale_typed<double, kWrite>(table, t.total_elements, scale, found_inf, stream);
       break;
-    }
-    case ElementType::kBFloat16: {
-      auto k = unscale_kernel<uint16_t, kWrite>;
-      k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, scale, found_inf);
+    case ElementType::kBFloat16:
+      launch_unscale_typed<uint16_t, kWrite>(table, t.total_elements, scale, found_inf, stream);
       break;
-    }
   }
   return cudaGetLastError();
 }
