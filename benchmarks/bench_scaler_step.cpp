@@ -21,7 +21,6 @@
 #include "amp/kernel_routing.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -104,7 +103,6 @@ int main(int argc, char** argv) {
     const double ms = median_ms([&] { b.copy_(a); });
     std::printf("device copy: %.1f GB/s\n", 8.0 * n / ms / 1e6);
   }
-  const bool unscale_only = std::getenv("LUCID_BENCH_UNSCALE_ONLY") != nullptr;
   for (const auto& [millions, layers] : sizes) {
     auto params = make_params(millions * 1000 * 1000, layers);
     std::vector<torch::Tensor> grads;
@@ -127,7 +125,6 @@ int main(int argc, char** argv) {
     std::printf("  unscale ATen (PyTorch) %8.3f ms  %7.1f GB/s  %.3f x copy\n", aten, gb / aten, copy_ms / aten);
     std::printf("  read-only check        %8.3f ms  %7.1f GB/s (4 B/elt)  %.3f of a copy's time\n", check,
                 gb / 2 / check, check / copy_ms);
-    if (unscale_only) continue;
     {
       lucid::optim::FusedAdamW adamw(params, lucid::optim::FusedAdamWOptions(1e-3));
       optimizer_rows("FusedAdamW", adamw);

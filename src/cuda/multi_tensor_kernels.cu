@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 namespace lucid {
@@ -98,7 +100,7 @@ union Pack {
 
 // Applies `op` to the elements [lo, hi) of one tensor's `D` lists; op.element(S (&)[D])
 // transforms one element of each list in registers; lists with Op::writes(d) are stored.
-template <typename S, int D, int kUnrollT = kUnroll, bool kStream = false, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, typename Op>
 __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op) {
   constexpr int kUnroll = kUnrollT;
   constexpr int kPer = 16 / sizeof(S);
@@ -115,7 +117,8 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
   const int64_t misalign = (reinterpret_cast<uintptr_t>(ptrs[0] + lo) % 16) / sizeof(S);
   int64_t head_end = misalign == 0 ? lo : lo + (kPer - misalign);
   if (head_end > hi) head_end = hi;
-  bool aligned = (reinterpret_cast<uintptr_t>(ptrs[0] + lo) % sizeof(S)) == 0;
+  // The other lists must meet a 16-byte boundary at the same element.
+  bool aligned = true;
 #pragma unroll
   for (int d = 1; d < D; ++d)
     aligned = aligned && (reinterpret_cast<uintptr_t>(ptrs[d] + head_end) % 16 == 0);
@@ -133,8 +136,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
       if (idx < nvec) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
-          const uint4* src = reinterpret_cast<const uint4*>(ptrs[d] + head_end) + idx;
-          pack[u][d].raw = kStream ? __ldcs(src) : *src;
+          pack[u][d].raw = reinterpret_cast<const uint4*>(ptrs[d] + head_end)[idx];
         }
       }
     }
@@ -154,12 +156,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
 #pragma unroll
         for (int d = 0; d < D; ++d) {
           if (Op::writes(d)) {
-            uint4* dst = reinterpret_cast<uint4*>(ptrs[d] + head_end) + idx;
-            if (kStream) {
-              __stcs(dst, pack[u][d].raw);
-            } else {
-              *dst = pack[u][d].raw;
-            }
+            reinterpret_cast<uint4*>(ptrs[d] + head_end)[idx] = pack[u][d].raw;
           }
         }
       }
@@ -169,7 +166,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
 }
 
 // This block's share of the concatenated elements, walked tensor by tensor.
-template <typename S, int D, int kUnrollT = kUnroll, bool kStream = false, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, typename Op>
 __device__ void walk_block_range(const Table& table, Op& op) {
   const int64_t g = gridDim.x, b = blockIdx.x;
   // Block boundaries on multiples of 8 elements keep most heads empty.
@@ -185,7 +182,7 @@ __device__ void walk_block_range(const Table& table, Op& op) {
 #pragma unroll
       for (int d = 0; d < D; ++d) ptrs[d] = static_cast<S*>(table.pointer(d, t));
       op.begin_tensor(table, t);
-      walk_segment<S, D, kUnrollT, kStream>(ptrs, pos - t_begin, seg_end - t_begin, op);
+      walk_segment<S, D, kUnrollT>(ptrs, pos - t_begin, seg_end - t_begin, op);
     }
     pos = seg_end;
   }
@@ -290,12 +287,12 @@ __device__ __forceinline__ bool skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;
 }
 
-template <typename S, bool kWrite, int kThreadsT = kThreads, int kUnrollT = kUnroll, bool kStream = false>
+template <typename S, bool kWrite, int kThreadsT = kThreads, int kUnrollT = kUnroll>
 __global__ void __launch_bounds__(kThreadsT) unscale_kernel(Table table, const float* scale, float* found_inf) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
   Op op;
   op.inv = inverse_scale<typename Element<S>::opmath>(scale);
-  walk_block_range<S, 1, kUnrollT, kStream>(table, op);
+  walk_block_range<S, 1, kUnrollT>(table, op);
   if (op.bad) {
     *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
   }
@@ -334,48 +331,44 @@ Table device_table(const TensorTable& t) {
   return Table{t.data, t.data + t.num_tensors + 1, t.num_tensors, t.total_elements};
 }
 
+// Blocks of `kernel` that fit on the current device at once. Asked of the driver once per
+// kernel, block size and device: the occupancy query costs microseconds, which a 0.2 ms
+// pass would feel.
+int resident_blocks(const void* kernel, int threads) {
+  static std::mutex mutex;
+  static auto& cache = *new std::map<std::tuple<const void*, int, int>, int>();
+  int device = 0;
+  cudaGetDevice(&device);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(kernel, threads, device);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int sms = 0, per_sm = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    it = cache.emplace(key, sms * (per_sm > 0 ? per_sm : 1)).first;
+  }
+  return it->second;
+}
+
 // Enough resident blocks to fill every SM, but no block with a trivial share.
 template <typename Kernel>
-int grid_for(Kernel kernel, int64_t total_elements, int threads = kThreads, int oversubscribe = 1) {
-  int device = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1) * oversubscribe;
+int grid_for(Kernel kernel, int64_t total_elements, int threads = kThreads) {
+  const int64_t full = resident_blocks(reinterpret_cast<const void*>(kernel), threads);
   const int64_t wanted = (total_elements + kMinElementsPerBlock - 1) / kMinElementsPerBlock;
   return static_cast<int>(wanted < full ? (wanted > 0 ? wanted : 1) : full);
 }
 
-// Launch-shape variants of the unscale kernel, picked by LUCID_AMP_UNSCALE_VARIANT
-// (tuning only; 0 is the default).
-template <typename S, bool kWrite, int kT, int kU, int kOver, bool kStream>
-void launch_variant(const Table& table, int64_t total, const float* scale, float* found_inf,
-                    cudaStream_t stream) {
-  auto k = unscale_kernel<S, kWrite, kT, kU, kStream>;
-  k<<<grid_for(k, total, kT, kOver), kT, 0, stream>>>(table, scale, found_inf);
-}
-
-int unscale_variant() {
-  static const int variant = [] {
-    const char* v = std::getenv("LUCID_AMP_UNSCALE_VARIANT");
-    return v ? std::atoi(v) : 0;
-  }();
-  return variant;
-}
+// 512 threads a block, 4 vectors in flight per thread: the fastest of eight launch
+// shapes timed on the H200 (docs/PERFORMANCE.md), 0.905 of copy bandwidth at 1.29B
+// parameters against 0.744 for 256 x 4.
+constexpr int kUnscaleThreads = 512;
 
 template <typename S, bool kWrite>
 void launch_unscale_typed(const Table& table, int64_t total, const float* scale, float* found_inf,
                           cudaStream_t stream) {
-  switch (unscale_variant()) {
-    case 1: launch_variant<S, kWrite, 512, 4, 1, false>(table, total, scale, found_inf, stream); break;
-    case 2: launch_variant<S, kWrite, 256, 8, 1, false>(table, total, scale, found_inf, stream); break;
-    case 3: launch_variant<S, kWrite, 256, 4, 4, false>(table, total, scale, found_inf, stream); break;
-    case 4: launch_variant<S, kWrite, 512, 2, 4, false>(table, total, scale, found_inf, stream); break;
-    case 5: launch_variant<S, kWrite, 256, 4, 1, true>(table, total, scale, found_inf, stream); break;
-    case 6: launch_variant<S, kWrite, 128, 8, 2, false>(table, total, scale, found_inf, stream); break;
-    case 7: launch_variant<S, kWrite, 512, 1, 8, false>(table, total, scale, found_inf, stream); break;
-    default: launch_variant<S, kWrite, 256, 4, 1, false>(table, total, scale, found_inf, stream); break;
-  }
+  auto k = unscale_kernel<S, kWrite, kUnscaleThreads, kUnroll>;
+  k<<<grid_for(k, total, kUnscaleThreads), kUnscaleThreads, 0, stream>>>(table, scale, found_inf);
 }
 
 template <bool kWrite>
