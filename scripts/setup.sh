@@ -5,7 +5,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
-packages=(cmake g++ make libtorch-dev libgtest-dev)
+packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,75 @@
+#pragma once
+
+// lucid::distributed::OverflowAgreement: every rank of a c10d process group takes the same
+// step decision. NOTE: [Overflow agreement] in src/distributed/overflow_agreement.cpp says
+// what is agreed, when, and what the ranks must do alike.
+
+#include <lucid/amp/grad_scaler.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/arg.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+namespace lucid {
+namespace distributed {
+
+/// Options of an OverflowAgreement; validated once, by its constructor.
+struct OverflowAgreementOptions {
+  /// How long a rank waits for the all-reduce before it gives up with a c10::Error that
+  /// names the rank (a peer died, or stopped calling step()): > 0.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
+  /// Graph-safe mode: a flag on an accelerator is only ordered on the current stream
+  /// after the all-reduce (no host wait, nothing read back), so the agreement can be
+  /// captured in a CUDA graph; a hang is then ended by the backend's own timeout (the
+  /// group's, e.g. ProcessGroupNCCL's watchdog), not by `timeout`. CPU flags are always
+  /// waited for on the host, with `timeout`.
+  TORCH_ARG(bool, graph_safe) = false;
+};
+
+/// Combines overflow flags across a c10d process group with one all-reduce (MAX) each,
+/// on the flag's own device. Bind it to a GradScaler with bind_to_group().
+class OverflowAgreement {
+ public:
+  /// Agrees over `group` (any c10d backend serving the flags' device: Gloo for CPU,
+  /// NCCL for CUDA). Throws c10::ValueError for a null group or a timeout <= 0.
+  explicit OverflowAgreement(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                             OverflowAgreementOptions options = {});
+
+  /// Replaces `found_inf` (0-dim or 1-element float32, 0 = clean) in place by its maximum
+  /// over the group. Every rank must call it the same number of times, in the same order.
+  /// Throws c10::Error naming this rank when the all-reduce fails or times out.
+  void agree_(torch::Tensor& found_inf);
+
+  /// This process's rank in the group.
+  int rank() const;
+  /// The number of ranks in the group.
+  int world_size() const;
+  /// All-reduces issued so far (one per agree_ call).
+  int64_t all_reduces() const { return all_reduces_; }
+  /// The group the flags are combined over.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
+  /// The options the agreement was built with.
+  const OverflowAgreementOptions& options() const { return options_; }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  OverflowAgreementOptions options_;
+  int64_t all_reduces_ = 0;
+};
+
+/// Binds `scaler` to `group`: each optimizer's overflow flag is all-reduced (MAX) across
+/// the group right after unscaling, before the scaler reads it, so that a step skipped on
+/// one rank is skipped on all and every rank's scale backs off and grows alike. Replaces
+/// any found-inf hook the scaler had; scaler.set_found_inf_hook(nullptr) unbinds. The
+/// returned agreement is shared with the scaler's hook (for its counters and options).
+std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
+                                                 c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                                 OverflowAgreementOptions options = {});
+
+}  // namespace distributed
+}  // namespace lucid

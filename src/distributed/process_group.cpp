@@ -1,0 +1,165 @@
+// Store and process-group factories: argument checks, the backend's own constructors,
+// and errors that say which rank waited for what. Version differences go through
+// compat/c10d_compat.h; Gloo and NCCL are compiled only where their headers exist
+// (USE_C10D_GLOO / USE_C10D_NCCL, set by CMakeLists.txt).
+
+#include <lucid/distributed/process_group.h>
+
+#include "compat/c10d_compat.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <exception>
+#include <string>
+
+namespace lucid {
+namespace distributed {
+namespace {
+
+double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+void check_world(const char* who, int world_size, std::chrono::milliseconds timeout) {
+  TORCH_CHECK_VALUE(world_size >= 1, who, ": world_size must be >= 1, got ", world_size, ".");
+  TORCH_CHECK_VALUE(timeout.count() > 0, who, ": timeout must be > 0 ms, got ", timeout.count(),
+                    " ms.");
+}
+
+void check_rank(const char* who, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                int world_size, std::chrono::milliseconds timeout) {
+  check_world(who, world_size, timeout);
+  TORCH_CHECK_VALUE(store, who, ": the store is null; make one with make_file_store or "
+                            "make_tcp_store.");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world_size, who, ": rank must be in [0, ", world_size,
+                    "), got ", rank, ".");
+}
+
+// The message of whatever a c10d constructor threw, without LibTorch's C++ backtrace.
+std::string cause_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> make_file_store(const std::string& path, int world_size,
+                                                std::chrono::milliseconds timeout) {
+  check_world("make_file_store", world_size, timeout);
+  try {
+    auto store = c10::make_intrusive<c10d::FileStore>(path, world_size);
+    store->setTimeout(timeout);
+    return store;
+  } catch (...) {
+    TORCH_CHECK(false, "lucid::distributed: cannot open the c10d FileStore at '", path,
+                "': ", cause_of(std::current_exception()),
+                ". Pass a path on a filesystem every rank can write.");
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, uint16_t port,
+                                               int world_size, bool is_server,
+                                               std::chrono::milliseconds timeout) {
+  check_world("make_tcp_store", world_size, timeout);
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.numWorkers = static_cast<std::size_t>(world_size);
+  opts.waitWorkers = false;  // the group's rendezvous waits for the ranks, with its timeout
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (...) {
+    const std::string cause = cause_of(std::current_exception());
+    TORCH_CHECK(!is_server, "lucid::distributed: cannot host the c10d TCPStore at ", host, ":",
+                port, ": ", cause, ". Is the port already in use?");
+    TORCH_CHECK(false, "lucid::distributed: cannot reach the c10d TCPStore at ", host, ":", port,
+                " within ", seconds(timeout), " s: ", cause,
+                ". Is rank 0 running and serving the store at that address?");
+  }
+}
+
+bool has_gloo() {
+#ifdef USE_C10D_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool has_nccl() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank, int world_size,
+                                                       GroupOptions options) {
+  check_rank("make_gloo_group", store, rank, world_size, options.timeout());
+#ifdef USE_C10D_GLOO
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+    gloo_options->devices.push_back(
+        options.gloo_hostname().empty()
+            ? c10d::ProcessGroupGloo::createDefaultDevice()
+            : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname()));
+    // The constructor is the rendezvous: it returns once every rank has connected.
+    auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+    return compat::as_process_group(backend, store, rank, world_size,
+                                    {c10::DeviceType::CPU, c10::DeviceType::CUDA},
+                                    compat::C10dBackend::kGloo, options.timeout());
+  } catch (...) {
+    TORCH_CHECK(false, "lucid::distributed: rank ", rank, " of ", world_size,
+                " could not join the Gloo group within ", seconds(options.timeout()), " s: ",
+                cause_of(std::current_exception()),
+                ". Did every rank start, with the same store and world size?");
+  }
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "make_gloo_group: this lucid_amp::distributed was built without "
+                              "Gloo (c10d's ProcessGroupGloo.hpp or the gloo headers were not "
+                              "found; on Debian install libgloo-dev and reconfigure).");
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank, int world_size,
+                                                       GroupOptions options) {
+  check_rank("make_nccl_group", store, rank, world_size, options.timeout());
+#ifdef USE_C10D_NCCL
+  try {
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout();  // the watchdog's bound on every collective
+    auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
+    return compat::as_process_group(backend, store, rank, world_size, {c10::DeviceType::CUDA},
+                                    compat::C10dBackend::kNccl, options.timeout());
+  } catch (...) {
+    TORCH_CHECK(false, "lucid::distributed: rank ", rank, " of ", world_size,
+                " could not create the NCCL group: ", cause_of(std::current_exception()), ".");
+  }
+#else
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "make_nccl_group: this lucid_amp::distributed was built without "
+                              "NCCL (it needs a CUDA LibTorch, c10d's ProcessGroupNCCL.hpp and "
+                              "nccl.h; see LUCID_AMP_WITH_NCCL).");
+#endif
+}
+
+}  // namespace distributed
+}  // namespace lucid

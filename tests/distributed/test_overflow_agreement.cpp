@@ -1,0 +1,459 @@
+// lucid::distributed: ranks of a c10d group agree on overflow. Each multi-rank test starts
+// real processes (worker.cpp, fork + exec) that meet over a FileStore in a scratch
+// directory, or a TCPStore on loopback, with Gloo; they are compared with each other and
+// with the single-process run of training_fixture.h on the same global batch.
+
+#include <gtest/gtest.h>
+
+#include <lucid/distributed.h>
+
+#include "spawn.h"
+#include "training_fixture.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using lucid_test::Ownership;
+using lucid_test::RankExit;
+using lucid_test::RunRecord;
+
+using lucid_test::kAgreementError;
+
+// A scratch directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "lucid_dist_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("mkdtemp failed");
+    }
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+struct RunConfig {
+  int world = 2;
+  bool sharded = false;
+  Ownership ownership = Ownership::kRoundRobin;
+  bool bind = true;
+  bool graph_safe = false;
+  bool tcp = false;
+  int timeout_ms = 10000;
+  int group_timeout_ms = 10000;
+  int victim = -1;
+  int die_at = -1;
+  int stall_at = -1;
+};
+
+// A port nothing listens on right now (bound, read back, released).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class RanksRun {
+ public:
+  explicit RanksRun(const RunConfig& config, double deadline_s = 45.0) : config_(config) {
+    const int port = config.tcp ? free_port() : 0;
+    std::vector<std::vector<std::string>> args;
+    for (int rank = 0; rank < config.world; ++rank) {
+      std::vector<std::string> a = {
+          "--rank", std::to_string(rank), "--world-size", std::to_string(config.world),
+          "--out", dir_.path().string(), "--sharded", config.sharded ? "1" : "0",
+          "--ownership", config.ownership == Ownership::kAllOnRankZero ? "rank0" : "roundrobin",
+          "--bind", config.bind ? "1" : "0", "--graph-safe", config.graph_safe ? "1" : "0",
+          "--timeout-ms", std::to_string(config.timeout_ms),
+          "--group-timeout-ms", std::to_string(config.group_timeout_ms),
+          "--victim", std::to_string(config.victim), "--die-at", std::to_string(config.die_at),
+          "--stall-at", std::to_string(config.stall_at)};
+      if (config.tcp) {
+        a.insert(a.end(), {"--tcp-port", std::to_string(port)});
+      } else {
+        a.insert(a.end(), {"--store", (dir_.path() / "store").string()});
+      }
+      args.push_back(a);
+    }
+    lucid_test::Ranks ranks(LUCID_DISTRIBUTED_WORKER, args);
+    exits_ = ranks.wait(deadline_s);
+  }
+
+  const std::vector<RankExit>& exits() const { return exits_; }
+
+  RunRecord record(int rank) const {
+    std::vector<torch::Tensor> saved;
+    torch::load(saved, (dir_.path() / ("rank" + std::to_string(rank) + ".pt")).string());
+    RunRecord r;
+    const auto scales = saved.at(0).contiguous();
+    const auto skipped = saved.at(1).contiguous();
+    r.scales.assign(scales.data_ptr<double>(), scales.data_ptr<double>() + scales.numel());
+    r.skipped.assign(skipped.data_ptr<int64_t>(), skipped.data_ptr<int64_t>() + skipped.numel());
+    r.params = saved.at(2);
+    all_reduces_ = saved.at(3).item<int64_t>();
+    return r;
+  }
+  int64_t last_all_reduces() const { return all_reduces_; }
+
+  // The first line of <out>/rank<r>.err is the seconds step() waited, the rest the message.
+  std::pair<double, std::string> error(int rank) const {
+    std::ifstream in(dir_.path() / ("rank" + std::to_string(rank) + ".err"));
+    double waited = -1.0;
+    in >> waited;
+    std::stringstream rest;
+    rest << in.rdbuf();
+    return {waited, rest.str()};
+  }
+
+  std::string describe() const {
+    std::ostringstream os;
+    for (size_t i = 0; i < exits_.size(); ++i) {
+      os << "rank " << i << ": exited " << exits_[i].exited << " code " << exits_[i].code
+         << " signal " << exits_[i].signal << " killed " << exits_[i].killed_at_deadline
+         << " after " << exits_[i].seconds << " s\n";
+    }
+    return os.str();
+  }
+
+ private:
+  RunConfig config_;
+  TempDir dir_;
+  std::vector<RankExit> exits_;
+  mutable int64_t all_reduces_ = 0;
+};
+
+void expect_all_succeeded(const RanksRun& run) {
+  for (const auto& e : run.exits()) {
+    ASSERT_TRUE(e.exited && e.code == 0) << run.describe();
+  }
+}
+
+// The skip and scale schedule every rank must follow (the injected overflows are at steps 2
+// and 5; growth every 2 clean updates from 1024).
+const std::vector<int64_t> kExpectedSkips = {0, 0, 1, 0, 0, 1, 0, 0};
+const std::vector<double> kExpectedScales = {1024, 2048, 1024, 1024, 2048, 1024, 1024, 2048};
+
+void expect_close_to(const torch::Tensor& params, const torch::Tensor& reference) {
+  EXPECT_TRUE(torch::allclose(params, reference, /*rtol=*/1e-5, /*atol=*/1e-6))
+      << "max |diff| " << (params - reference).abs().max().item<float>();
+}
+
+class DataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(DataParallel, OverflowOnOneRankMakesEveryRankSkipAndBackOff) {
+  RunConfig config;
+  config.world = GetParam();
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  for (int rank = 0; rank < config.world; ++rank) {
+    const RunRecord r = run.record(rank);
+    EXPECT_EQ(r.skipped, kExpectedSkips) << "rank " << rank;
+    EXPECT_EQ(r.scales, kExpectedScales) << "rank " << rank;
+    EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps) << "one agreement all-reduce per step";
+  }
+}
+
+TEST_P(DataParallel, ParametersEqualASingleProcessRunOnTheGlobalBatch) {
+  RunConfig config;
+  config.world = GetParam();
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference = lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
+  ASSERT_EQ(reference.skipped, kExpectedSkips);
+  const RunRecord first = run.record(0);
+  expect_close_to(first.params, reference.params);
+  for (int rank = 1; rank < config.world; ++rank) {
+    EXPECT_TRUE(torch::equal(run.record(rank).params, first.params))
+        << "rank " << rank << " drifted from rank 0";
+  }
+  // The comparison can tell: a run that did not skip the overflowed steps ends elsewhere.
+  const RunRecord unskipped = lucid_test::reference_run({});
+  EXPECT_FALSE(torch::allclose(unskipped.params, reference.params, 1e-3, 1e-4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, DataParallel, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+class Sharded : public ::testing::TestWithParam<int> {};
+
+// ZeRO style: each rank unscales and steps only the parameters it owns (half of them with
+// 2 ranks, a quarter with 4); the overflow is in one rank's shard only.
+TEST_P(Sharded, OverflowInOneShardMakesEveryRankSkipAndMatchesOneProcess) {
+  RunConfig config;
+  config.world = GetParam();
+  config.sharded = true;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference = lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
+  for (int rank = 0; rank < config.world; ++rank) {
+    const RunRecord r = run.record(rank);
+    EXPECT_EQ(r.skipped, kExpectedSkips) << "rank " << rank;
+    EXPECT_EQ(r.scales, kExpectedScales) << "rank " << rank;
+    expect_close_to(r.params, reference.params);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, Sharded, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(ShardedGloo, RankThatOwnsNoParametersStillSkipsAndBacksOff) {
+  RunConfig config;
+  config.world = 2;
+  config.sharded = true;
+  config.ownership = Ownership::kAllOnRankZero;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord idle = run.record(1);
+  EXPECT_EQ(idle.skipped, kExpectedSkips);
+  EXPECT_EQ(idle.scales, kExpectedScales);
+  EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps);
+  expect_close_to(idle.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params);
+}
+
+// The control: without the agreement the same sharded run drifts apart, which is what the
+// tests above would catch.
+TEST(ShardedGloo, WithoutTheAgreementRanksDriftApart) {
+  RunConfig config;
+  config.world = 2;
+  config.sharded = true;
+  config.bind = false;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord r0 = run.record(0), r1 = run.record(1);
+  EXPECT_NE(r0.scales, r1.scales);
+  EXPECT_NE(r0.skipped, r1.skipped);
+  EXPECT_FALSE(torch::allclose(
+      r0.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params, 1e-5, 1e-6));
+}
+
+TEST(DataParallelGloo, GraphSafeModeTakesTheSameDecisions) {
+  RunConfig config;
+  config.graph_safe = true;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(run.record(rank).skipped, kExpectedSkips);
+    EXPECT_EQ(run.record(rank).scales, kExpectedScales);
+  }
+}
+
+TEST(DataParallelGloo, RendezvousOverATcpStoreOnLoopback) {
+  RunConfig config;
+  config.tcp = true;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  EXPECT_EQ(run.record(1).scales, kExpectedScales);
+}
+
+class RankFailure : public ::testing::TestWithParam<int> {};
+
+// A rank dies between backward and step: every surviving rank's step() throws a c10::Error
+// that names it, well within the timeout, and the process ends.
+TEST_P(RankFailure, ADeadRankEndsEveryPeerWithAClearErrorWithinTheTimeout) {
+  RunConfig config;
+  config.world = GetParam();
+  config.victim = config.world - 1;
+  config.die_at = 3;
+  config.timeout_ms = 3000;
+  config.group_timeout_ms = 5000;
+  RanksRun run(config, /*deadline_s=*/30.0);
+  const auto& exits = run.exits();
+  EXPECT_EQ(exits[config.victim].code, 3) << run.describe();
+  for (int rank = 0; rank < config.world - 1; ++rank) {
+    ASSERT_TRUE(exits[rank].exited && exits[rank].code == kAgreementError) << run.describe();
+    const auto [waited, message] = run.error(rank);
+    EXPECT_LT(waited, 3.0 + 1.0) << message;
+    EXPECT_NE(message.find("rank " + std::to_string(rank) + " of " + std::to_string(config.world)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("overflow agreement all-reduce #4"), std::string::npos) << message;
+    EXPECT_NE(message.find("a peer rank may have died"), std::string::npos) << message;
+    EXPECT_LT(exits[rank].seconds, 25.0) << run.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, RankFailure, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+// A rank that stays alive but never calls step(): its peer times out after `timeout`.
+TEST(RankFailureGloo, ARankThatStopsSteppingTimesOutItsPeerWithAClearError) {
+  RunConfig config;
+  config.victim = 1;
+  config.stall_at = 2;
+  config.timeout_ms = 1500;
+  config.group_timeout_ms = 4000;
+  RanksRun run(config, /*deadline_s=*/30.0);
+  const RankExit& peer = run.exits()[0];
+  ASSERT_TRUE(peer.exited && peer.code == kAgreementError) << run.describe();
+  const auto [waited, message] = run.error(0);
+  EXPECT_GE(waited, 1.4) << message;
+  EXPECT_LT(waited, 1.5 + 1.5) << message;
+  EXPECT_NE(message.find("rank 0 of 2: overflow agreement all-reduce #3 timed out after"),
+            std::string::npos)
+      << message;
+  // The process itself ends once Gloo's own timeout (the group's) releases its worker.
+  EXPECT_LT(peer.seconds, 4.0 + 8.0) << run.describe();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(StoreFailure, AnUnreachableTcpStoreFailsWithinTheTimeout) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] {
+    lucid::distributed::make_tcp_store("127.0.0.1", static_cast<uint16_t>(port), 2,
+                                       /*is_server=*/false, std::chrono::milliseconds(1000));
+  });
+  EXPECT_LT(seconds_since(start), 1.0 + 4.0);
+  EXPECT_NE(message.find("cannot reach the c10d TCPStore at 127.0.0.1:" + std::to_string(port) +
+                         " within 1 s"),
+            std::string::npos)
+      << message;
+}
+
+TEST(StoreFailure, ARankThatNeverJoinsFailsTheRendezvousWithinTheTimeout) {
+  if (!lucid::distributed::has_gloo()) {
+    GTEST_SKIP() << "built without Gloo";
+  }
+  TempDir dir;
+  auto store = lucid::distributed::make_file_store((dir.path() / "store").string(), 2,
+                                                   std::chrono::milliseconds(1000));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = error_of([&] {
+    lucid::distributed::make_gloo_group(
+        store, 0, 2,
+        lucid::distributed::GroupOptions().timeout(std::chrono::milliseconds(1000)).gloo_hostname("127.0.0.1"));
+  });
+  EXPECT_LT(seconds_since(start), 1.0 + 4.0);
+  EXPECT_NE(message.find("rank 0 of 2 could not join the Gloo group within 1 s"), std::string::npos)
+      << message;
+}
+
+// In-process checks of the API itself (a group of one).
+class SingleRank : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!lucid::distributed::has_gloo()) {
+      GTEST_SKIP() << "built without Gloo";
+    }
+    store_ = lucid::distributed::make_file_store((dir_.path() / "store").string(), 1,
+                                                 std::chrono::milliseconds(5000));
+    group_ = lucid::distributed::make_gloo_group(
+        store_, 0, 1, lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
+  }
+  TempDir dir_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+};
+
+TEST_F(SingleRank, AgreeKeepsTheFlagAndCountsTheAllReduce) {
+  lucid::distributed::OverflowAgreement agreement(group_);
+  torch::Tensor flag = torch::ones({});
+  agreement.agree_(flag);
+  EXPECT_EQ(flag.item<float>(), 1.0f);
+  EXPECT_EQ(flag.dim(), 0);
+  EXPECT_EQ(agreement.all_reduces(), 1);
+  EXPECT_EQ(agreement.rank(), 0);
+  EXPECT_EQ(agreement.world_size(), 1);
+}
+
+TEST_F(SingleRank, BindingAScalerRunsOneAllReducePerOptimizerStep) {
+  lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(8.0));
+  auto agreement = lucid::distributed::bind_to_group(scaler, group_);
+  torch::Tensor a = torch::ones({3}, torch::requires_grad()), b = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD opt_a({a}, torch::optim::SGDOptions(0.1)), opt_b({b}, torch::optim::SGDOptions(0.1));
+  scaler.scale(torch::ones({}));
+  a.mutable_grad() = torch::full({3}, 8.0);
+  b.mutable_grad() = torch::full({3}, std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(scaler.step(opt_a).has_value());
+  EXPECT_FALSE(scaler.step(opt_b).has_value());
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(agreement->all_reduces(), 2);
+  scaler.set_found_inf_hook(nullptr);  // unbinds
+  scaler.scale(torch::ones({}));
+  a.mutable_grad() = torch::full({3}, 4.0);
+  scaler.step(opt_a);
+  EXPECT_EQ(agreement->all_reduces(), 2);
+}
+
+TEST_F(SingleRank, RejectsAFlagThatIsNotOneFloat32Element) {
+  lucid::distributed::OverflowAgreement agreement(group_);
+  torch::Tensor wrong = torch::zeros({2});
+  EXPECT_NE(error_of([&] { agreement.agree_(wrong); }).find("expects a 1-element float32 overflow flag"),
+            std::string::npos);
+  torch::Tensor dbl = torch::zeros({}, torch::kDouble);
+  EXPECT_NE(error_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"), std::string::npos);
+  EXPECT_EQ(agreement.all_reduces(), 0);
+}
+
+TEST(OverflowAgreementOptionsTest, RejectsANullGroupAndANonPositiveTimeout) {
+  EXPECT_THROW(lucid::distributed::OverflowAgreement(c10::intrusive_ptr<c10d::ProcessGroup>()),
+               c10::ValueError);
+  TempDir dir;
+  if (!lucid::distributed::has_gloo()) {
+    GTEST_SKIP() << "built without Gloo";
+  }
+  auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 1, std::chrono::seconds(5));
+  auto group = lucid::distributed::make_gloo_group(store, 0, 1,
+                                                   lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
+  try {
+    lucid::distributed::OverflowAgreement(
+        group, lucid::distributed::OverflowAgreementOptions().timeout(std::chrono::milliseconds(0)));
+    FAIL() << "expected c10::ValueError";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("timeout must be > 0 ms, got 0 ms"),
+              std::string::npos);
+  }
+}
+
+TEST(GroupFactories, RejectBadRanksAndMissingBackends) {
+  EXPECT_THROW(lucid::distributed::make_file_store("/tmp/x", 0, std::chrono::seconds(1)), c10::ValueError);
+  TempDir dir;
+  auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 2, std::chrono::seconds(1));
+  EXPECT_THROW(lucid::distributed::make_gloo_group(store, 2, 2), c10::ValueError);
+  if (!lucid::distributed::has_nccl()) {
+    EXPECT_THROW(lucid::distributed::make_nccl_group(store, 0, 2), c10::NotImplementedError);
+  }
+}
+
+}  // namespace
