@@ -66,7 +66,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "page's device) or keep them as IEEE subnormals (CUDA)")
       ->check(CLI::IsMember({"flush", "keep"}))
       ->capture_default_str();
-  std::string loss_norm = "batch";
+  std::string loss_norm = "dataset";
   app.add_option("--loss-norm", loss_norm,
                  "dataset: per-step loss = batch sum / training-set size (tiny gradients, "
                  "float16 underflows); batch: the batch mean")

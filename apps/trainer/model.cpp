@@ -1,11 +1,9 @@
 // NOTE: [Small head]
-// The last layer starts small (its default init times head_init_gain, 1e-3 in the
-// trainer): the classifier begins near "all classes equally likely", a common choice
-// (zero- or small-init heads), and it makes every gradient that flows back into the
-// network small in the first steps, of the order of 1e-6..1e-8 at the first conv. In
-// float32 those gradients are exact, and Adam turns even tiny gradients into full-size
-// steps; in float16 most of them are below 2^-24 and flush to zero, so the lower layers
-// do not learn until the head has grown. That is the regime loss scaling exists for.
+// The last layer can start small (its default init times head_init_gain; 1, i.e. off, by
+// default): a small head makes every gradient flowing back into the network small in the
+// first steps, another way into float16's underflow. With Adam the head grows within a
+// few dozen steps, so the effect is short-lived; the trainer's default relies on the
+// loss normalisation instead (NOTE: [Loss normalisation] in trainer.cpp).
 
 #include "model.h"
 

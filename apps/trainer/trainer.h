@@ -34,14 +34,14 @@ struct TrainConfig {
   int64_t batch_size = 64;
   double lr = 1e-3;               ///< Adam's learning rate
   double head_init_gain = 1.0;    ///< NOTE: [Small head] in model.cpp
-  LossNorm loss_norm = LossNorm::kBatchMean;
+  LossNorm loss_norm = LossNorm::kDatasetSum;
   /// CPU float16 emulation: flush results below 2^-14 to 0 (Metal, the seed's device) or
   /// keep IEEE subnormals (CUDA). NOTE: [float16 range emulation] in fp16_range.cpp.
   bool flush_subnormals = true;
   uint64_t seed = 0;              ///< model init and the data order of every epoch
   int64_t max_steps = 0;          ///< stop after this many steps in all (0: no limit)
   double init_scale = 65536.0;    ///< GradScaler (fp16-scaled only)
-  int64_t growth_interval = 100;  ///< GradScaler (fp16-scaled only)
+  int64_t growth_interval = 20;   ///< GradScaler (fp16-scaled only); short: a demo run
 };
 
 /// One line of the step log.
