@@ -110,6 +110,17 @@ std::string gp_quote(const std::string& s) {
   return out + "'";
 }
 
+// Runs that match overlap; dashes keep each one visible on top of the others.
+int dash(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return 1;
+    case Precision::kFp16: return 1;
+    case Precision::kFp16Scaled: return 2;
+    case Precision::kBf16: return 3;
+  }
+  return 1;
+}
+
 const char* colour(Precision p) {
   switch (p) {
     case Precision::kFp32: return "#1f77b4";
@@ -145,7 +156,8 @@ void plot_png(const std::string& csv_path, const std::string& png_path,
     for (size_t i = 0; i < runs.size(); ++i) {
       const std::string name = to_string(runs[i].precision);
       gp << (i ? ", \\\n     " : "") << gp_quote(csv_path) << " every ::1 using 2:(strcol(1) eq "
-         << gp_quote(name) << " ? $4 : 1/0) with lines lw 2 lc rgb '" << colour(runs[i].precision)
+         << gp_quote(name) << " ? $4 : 1/0) with lines lw " << (dash(runs[i].precision) == 1 ? 3 : 2)
+         << " dt " << dash(runs[i].precision) << " lc rgb '" << colour(runs[i].precision)
          << "' title " << gp_quote(name);
     }
     if (has_scaled) {
