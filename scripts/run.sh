@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, and run the seed example on the CPU
-# (it prints the scale and the loss at each step).
+# The main job: install what is missing, build the trainer, and run one short epoch of
+# --compare on the CPU: fp32, fp16 without loss scaling, fp16 with the GradScaler and
+# bf16, on the first 12800 Fashion-MNIST training images (200 steps of 64; the whole
+# 10000-image test set), writing out/train_log.csv and out/train_curves.png.
+# Extra arguments go to the trainer (e.g. --train-limit 0 for all 60000 images).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$root/scripts/setup.sh" -DLUCID_AMP_BUILD_TESTS=OFF "$@"
-echo "== running the seed example"
-"${LUCID_AMP_BUILD_DIR:-$root/build}/examples/seed_example"
+build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
+LUCID_AMP_BUILD_TARGETS=lucid_amp_trainer "$root/scripts/setup.sh" -DLUCID_AMP_BUILD_TESTS=OFF
+echo "== running the trainer: one short epoch of --compare on the CPU"
+cd "$root"
+"$build_dir/apps/trainer/lucid_amp_trainer" --compare --train-limit 12800 --threads "$(nproc)" --out out "$@"

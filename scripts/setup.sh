@@ -5,7 +5,11 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
-packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev)
+# libgloo-dev: c10d's Gloo headers (lucid_amp::distributed). The trainer (apps/trainer)
+# adds its data set, its plotting tool, its argument parser and zlib for the gzipped IDX
+# files.
+packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev
+          dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -22,4 +26,4 @@ fi
 echo "== configuring in $build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"
 echo "== building"
-cmake --build "$build_dir" -j "$(nproc)"
+cmake --build "$build_dir" -j "$(nproc)" ${LUCID_AMP_BUILD_TARGETS:+--target $LUCID_AMP_BUILD_TARGETS}

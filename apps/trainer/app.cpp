@@ -1,0 +1,95 @@
+// run_app: the trainer program's flow. Every check that can fail on bad input (output
+// folder, checkpoint path, gnuplot, data) runs before the first training step, so that a
+// mistake costs seconds, not a training run.
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "cli.h"
+#include "progress_bar.h"
+#include "report.h"
+
+namespace lucid {
+namespace trainer {
+
+void run_app(const CliOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  ensure_writable_dir(o.out_dir);
+  if (!o.save_path.empty()) ensure_writable_file(o.save_path);
+  if (!o.resume_path.empty()) {
+    std::error_code ec;
+    TORCH_CHECK(fs::is_regular_file(o.resume_path, ec), "cannot resume: checkpoint ",
+                o.resume_path, " does not exist.");
+  }
+  if (o.plot) {
+    TORCH_CHECK(!find_gnuplot().empty(), "gnuplot not found on PATH: the loss plot needs it. "
+                "Install it with `apt-get install gnuplot-nox`, or pass --no-plot.");
+  }
+
+  const FashionMnist data = load_fashion_mnist(o.data_dir, o.train_limit, o.test_limit);
+  const std::vector<Precision> modes =
+      o.compare ? o.modes : std::vector<Precision>{o.config.precision};
+  std::printf("Fashion-MNIST from %s: %lld training images, %lld test images\n",
+              o.data_dir.c_str(), static_cast<long long>(data.train.size()),
+              static_cast<long long>(data.test.size()));
+  std::printf("device %s, %d threads, batch %lld, Adam lr %g, seed %llu, epochs %lld%s\n",
+              o.config.device.c_str(), at::get_num_threads(),
+              static_cast<long long>(o.config.batch_size), o.config.lr,
+              static_cast<unsigned long long>(o.config.seed),
+              static_cast<long long>(o.config.epochs),
+              o.config.device == "cpu" ? "; fp16 = float16 range emulated on the CPU" : "");
+  std::fflush(stdout);
+
+  std::vector<RunResult> results;
+  for (Precision p : modes) {
+    TrainConfig config = o.config;
+    config.precision = p;
+    Trainer trainer(config, data.train, data.test);
+    if (!o.resume_path.empty()) {
+      trainer.load(o.resume_path);
+      std::printf("%s: resumed from %s at step %lld (scale %g)\n", to_string(p).c_str(),
+                  o.resume_path.c_str(), static_cast<long long>(trainer.result().steps),
+                  trainer.scaler().get_scale());
+    }
+    ProgressBar bar(to_string(p));
+    auto on_step = [&](const StepEvent& e) {
+      if (o.progress) bar.update(e);
+    };
+    auto on_epoch = [&](int64_t epoch, double accuracy) {
+      bar.finish();
+      std::printf("%-11s epoch %lld: test accuracy %.2f %%\n", to_string(p).c_str(),
+                  static_cast<long long>(epoch + 1), accuracy);
+      std::fflush(stdout);
+    };
+    results.push_back(trainer.run(on_step, on_epoch));
+    bar.finish();
+    if (!o.save_path.empty()) {
+      trainer.save(o.save_path);
+      std::printf("checkpoint: %s (step %lld)\n", o.save_path.c_str(),
+                  static_cast<long long>(results.back().steps));
+    }
+  }
+
+  std::printf("\n%s", results_table(results).c_str());
+  const std::string csv = (fs::path(o.out_dir) / "train_log.csv").string();
+  write_csv(csv, results);
+  std::printf("\nCSV log:   %s\n", fs::absolute(csv).string().c_str());
+  if (o.plot) {
+    const std::string png = (fs::path(o.out_dir) / "train_curves.png").string();
+    char title[200];
+    std::snprintf(title, sizeof title,
+                  "lucid-amp on Fashion-MNIST: %lld training images, %lld epoch(s), %s",
+                  static_cast<long long>(data.train.size()),
+                  static_cast<long long>(o.config.epochs),
+                  o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
+    plot_png(csv, png, results, title);
+    std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
+  }
+}
+
+}  // namespace trainer
+}  // namespace lucid

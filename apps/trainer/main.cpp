@@ -1,0 +1,6 @@
+// lucid_amp_trainer: everything lives in the lucid_trainer library (cli.cpp, app.cpp),
+// where the tests can reach it.
+
+#include "cli.h"
+
+int main(int argc, char** argv) { return lucid::trainer::trainer_main(argc, argv); }

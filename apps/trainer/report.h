@@ -1,0 +1,40 @@
+#pragma once
+
+// What a finished run leaves behind: the results table, the CSV step log and the PNG
+// plot (gnuplot), and the checks that make an unwritable output path fail before
+// training rather than after.
+
+#include <string>
+#include <vector>
+
+#include "trainer.h"
+
+namespace lucid {
+namespace trainer {
+
+/// Creates `dir` (and parents) if needed and proves a file can be created in it;
+/// c10::Error naming the directory and the system's reason otherwise.
+void ensure_writable_dir(const std::string& dir);
+/// Proves `path` can be written (its directory exists and takes a new file) without
+/// leaving anything behind; c10::Error otherwise.
+void ensure_writable_file(const std::string& path);
+
+/// The table --compare prints: test accuracy, its gap to fp32 (when fp32 ran), time,
+/// steps, skipped steps, final scale, share of zero gradient entries.
+std::string results_table(const std::vector<RunResult>& runs);
+
+/// Writes the step log of every run, one row per step:
+/// precision,step,loss,loss_avg,scale,skipped,overflow (skipped: steps skipped so far;
+/// overflow: 1 if this step was skipped; loss_avg: mean of the last 20 losses).
+void write_csv(const std::string& path, const std::vector<RunResult>& runs);
+
+/// The gnuplot program on PATH, or "" if there is none.
+std::string find_gnuplot();
+/// Writes a gnuplot script beside `png_path` and runs gnuplot on it: loss curves of all
+/// runs above, the loss scale (log2 axis, overflows marked) below. c10::Error if gnuplot
+/// is missing (naming the package) or fails.
+void plot_png(const std::string& csv_path, const std::string& png_path,
+              const std::vector<RunResult>& runs, const std::string& title);
+
+}  // namespace trainer
+}  // namespace lucid
