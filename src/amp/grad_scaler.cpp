@@ -17,6 +17,7 @@
 #include <lucid/optim/fused_optimizer.h>
 
 #include "amp/kernel_routing.h"
+#include "amp/scaler_state.h"
 #include "cpu/amp_kernels.h"
 
 #include <c10/util/Exception.h>
@@ -28,57 +29,6 @@
 namespace lucid {
 namespace amp {
 namespace {
-
-constexpr const char* kScaleKey = "scale";
-constexpr const char* kGrowthFactorKey = "growth_factor";
-constexpr const char* kBackoffFactorKey = "backoff_factor";
-constexpr const char* kGrowthIntervalKey = "growth_interval";
-constexpr const char* kGrowthTrackerKey = "growth_tracker";
-
-// The scale is stored in float32, so it must be a positive float32 value.
-float checked_scale(double value, const char* what) {
-  TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0, "GradScaler: ", what,
-                    " must be finite and > 0, got ", value, ".");
-  TORCH_CHECK_VALUE(value <= static_cast<double>(FLT_MAX), "GradScaler: ", what, " ", value,
-                    " exceeds float32's largest finite value ", FLT_MAX,
-                    "; the scale is kept in float32, pass a smaller value.");
-  const float rounded = static_cast<float>(value);
-  TORCH_CHECK_VALUE(rounded > 0.0f, "GradScaler: ", what, " ", value,
-                    " rounds to 0 in float32, where the scale is kept; pass a larger value.");
-  return rounded;
-}
-
-void check_growth_factor(double value) {
-  TORCH_CHECK_VALUE(std::isfinite(value) && value > 1.0,
-                    "GradScaler: growth_factor must be finite and > 1.0, got ", value, ".");
-}
-
-void check_backoff_factor(double value) {
-  TORCH_CHECK_VALUE(value > 0.0 && value < 1.0,
-                    "GradScaler: backoff_factor must be in (0, 1), got ", value, ".");
-}
-
-// The tracker is int32 on the device (as PyTorch keeps it), so the interval must fit.
-void check_growth_interval(int64_t value) {
-  TORCH_CHECK_VALUE(value >= 1 && value <= std::numeric_limits<int32_t>::max(),
-                    "GradScaler: growth_interval must be in [1, 2147483647], got ", value, ".");
-}
-
-// A state_dict carries integers as doubles; they must be whole numbers.
-int64_t checked_integer(double value, const char* key) {
-  TORCH_CHECK_VALUE(std::isfinite(value) && std::floor(value) == value &&
-                        std::abs(value) <= static_cast<double>(std::numeric_limits<int32_t>::max()),
-                    "GradScaler::load_state_dict: '", key,
-                    "' must be a whole number within int32's range, got ", value, ".");
-  return static_cast<int64_t>(value);
-}
-
-double required(const std::map<std::string, double>& state, const char* key) {
-  const auto it = state.find(key);
-  TORCH_CHECK_VALUE(it != state.end(), "GradScaler::load_state_dict: the state has no '", key,
-                    "' entry; pass a map produced by GradScaler::state_dict().");
-  return it->second;
-}
 
 // Collects the defined gradients of an optimizer and refuses, before any is touched,
 // the dtypes the scaler cannot unscale.
@@ -116,10 +66,18 @@ std::vector<torch::Tensor> checked_gradients(const torch::optim::Optimizer& opti
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
-  pending_scale_ = checked_scale(options_.init_scale(), "init_scale");
-  check_growth_factor(options_.growth_factor());
-  check_backoff_factor(options_.backoff_factor());
-  check_growth_interval(options_.growth_interval());
+  pending_scale_ = detail::checked_scale(options_.init_scale(), "init_scale");
+  detail::check_growth_factor(options_.growth_factor());
+  detail::check_backoff_factor(options_.backoff_factor());
+  detail::check_growth_interval(options_.growth_interval());
+  // Guards (NOTE: [Guards] in src/amp/guards.cpp); off by default.
+  detail::check_min_scale(options_.min_scale());
+  detail::check_max_scale(options_.max_scale());
+  TORCH_CHECK_VALUE(options_.min_scale() <= options_.max_scale(), "GradScaler: min_scale ",
+                    options_.min_scale(), " is above max_scale ", options_.max_scale(), ".");
+  detail::check_hysteresis(options_.hysteresis());
+  detail::check_scale_within_guards(pending_scale_, options_.min_scale(), options_.max_scale(),
+                                    "init_scale");
 }
 
 void GradScaler::lazy_init_(const at::Device& device) {
@@ -129,6 +87,9 @@ void GradScaler::lazy_init_(const at::Device& device) {
   scale_ = at::full({}, pending_scale_, at::TensorOptions().dtype(at::kFloat).device(device));
   growth_tracker_ = at::full({}, pending_growth_tracker_,
                              at::TensorOptions().dtype(at::kInt).device(device));
+  if (guarded_update_()) {
+    ensure_overflow_tracker_();
+  }
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
@@ -161,7 +122,8 @@ GradScaler::PerOptimizer& GradScaler::record_for_(const torch::optim::Optimizer&
   return per_optimizer_[&optimizer];
 }
 
-void GradScaler::unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record) {
+void GradScaler::record_overflow_(torch::optim::Optimizer& optimizer, PerOptimizer& record,
+                                  GradientPass pass) {
   const std::vector<torch::Tensor> grads = checked_gradients(optimizer);
   if (!grads.empty()) {
     lazy_init_(grads.front().device());
@@ -170,33 +132,20 @@ void GradScaler::unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimiz
   // made, clean, whenever the scale exists, so that a hook runs on every rank alike.
   if (scale_.defined()) {
     torch::Tensor found_inf = at::zeros({}, scale_.options());
-    detail::unscale_grads_(grads, scale_, found_inf);
+    if (pass == GradientPass::kUnscale) {
+      detail::unscale_grads_(grads, scale_, found_inf);
+    } else {
+      // NOTE: [Scaler-aware optimizers] in src/optim: the optimizer unscales them itself.
+      detail::check_grads_finite_(grads, scale_, found_inf);
+    }
     if (found_inf_hook_) {
       found_inf_hook_(found_inf);
     }
     record.found_inf = found_inf;
   }
-  record.stage = OptimizerStage::kUnscaled;
 }
 
 void GradScaler::set_found_inf_hook(FoundInfHook hook) { found_inf_hook_ = std::move(hook); }
-
-// The scaler-aware counterpart of unscale_checked_: the same checks and flag, but the
-// gradients are only read (NOTE: [Scaler-aware optimizers] in src/optim).
-void GradScaler::check_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record) {
-  const std::vector<torch::Tensor> grads = checked_gradients(optimizer);
-  if (!grads.empty()) {
-    lazy_init_(grads.front().device());
-  }
-  if (scale_.defined()) {
-    torch::Tensor found_inf = at::zeros({}, scale_.options());
-    detail::check_grads_finite_(grads, scale_, found_inf);
-    if (found_inf_hook_) {
-      found_inf_hook_(found_inf);
-    }
-    record.found_inf = found_inf;
-  }
-}
 
 std::optional<torch::Tensor> GradScaler::step_scaler_aware_(torch::optim::Optimizer& optimizer,
                                                             PerOptimizer& record) {
@@ -205,18 +154,22 @@ std::optional<torch::Tensor> GradScaler::step_scaler_aware_(torch::optim::Optimi
   // divides them by the scale inside its own kernel.
   torch::Tensor scale_for_optimizer;
   if (record.stage == OptimizerStage::kReady) {
-    check_checked_(optimizer, record);
+    record_overflow_(optimizer, record, GradientPass::kCheckOnly);
     scale_for_optimizer = scale_;
   }
   aware.set_grad_scaling(scale_for_optimizer, record.found_inf);
   torch::Tensor result = optimizer.step();
   record.stage = OptimizerStage::kStepped;
   if (options_.graph_safe()) {
+    // The host never learns here whether the step was skipped: the flag stays unread and
+    // the update's counters are settled later (NOTE: [Diagnostics without host
+    // synchronisation]); steps_taken/steps_skipped do not count graph-safe steps.
     return result;
   }
   // Read after the launch: the step was already skipped on the device if needed, the
   // flag only tells the caller.
-  const bool overflow = record.found_inf.defined() && record.found_inf.item<float>() != 0.0f;
+  const bool overflow = read_found_inf_(optimizer, record);
+  note_step_(optimizer, overflow);
   return overflow ? std::nullopt : std::optional<torch::Tensor>(result);
 }
 
@@ -231,7 +184,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(record.stage != OptimizerStage::kStepped,
               "unscale_() is being called after step() for this optimizer; call unscale_() "
               "between backward() and step(), or call update() first.");
-  unscale_checked_(optimizer, record);
+  record_overflow_(optimizer, record, GradientPass::kUnscale);
+  record.stage = OptimizerStage::kUnscaled;
 }
 
 std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -260,16 +214,19 @@ std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer
     return step_scaler_aware_(optimizer, record);
   }
   if (record.stage == OptimizerStage::kReady) {
-    unscale_checked_(optimizer, record);
+    record_overflow_(optimizer, record, GradientPass::kUnscale);
+    record.stage = OptimizerStage::kUnscaled;
   }
   // The one host read of a step: a 4-byte flag, on the scale's device.
-  const bool overflow = record.found_inf.defined() && record.found_inf.item<float>() != 0.0f;
+  const bool overflow = read_found_inf_(optimizer, record);
   if (overflow) {
     record.stage = OptimizerStage::kStepped;
+    note_step_(optimizer, /*skipped=*/true);
     return std::nullopt;
   }
   torch::Tensor result = optimizer.step();
   record.stage = OptimizerStage::kStepped;
+  note_step_(optimizer, /*skipped=*/false);
   return result;
 }
 
@@ -278,32 +235,29 @@ void GradScaler::update(std::optional<double> new_scale) {
     return;
   }
   if (new_scale.has_value()) {
-    const float value = checked_scale(*new_scale, "update(new_scale)");
+    const float value = detail::checked_scale(*new_scale, "update(new_scale)");
+    detail::check_scale_within_guards(value, options_.min_scale(), options_.max_scale(),
+                                      "update(new_scale)");
     if (scale_.defined()) {
       scale_.fill_(value);
     } else {
       pending_scale_ = value;
     }
-  } else if (scale_.defined()) {
-    // Overflow in any optimizer since the last update backs the scale off; nothing
-    // recorded counts as an overflow-free update.
-    torch::Tensor found_inf = at::zeros({}, scale_.options());
-    for (const auto& entry : per_optimizer_) {
-      if (entry.second.found_inf.defined()) {
-        found_inf = at::maximum(found_inf, entry.second.found_inf);
-      }
-    }
-    detail::update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor(),
-                          options_.backoff_factor(), options_.growth_interval());
+    finish_iteration_();
+    return;
+  }
+  std::optional<BackoffEvent> backoff;
+  if (scale_.defined()) {
+    // May throw (min_scale) before anything changed (src/amp/guards.cpp).
+    backoff = update_on_device_();
   } else {
     // No tensor exists yet, so nothing can have overflowed: advance the host copy.
-    const cpu::ScaleState next = cpu::next_scale_state(
-        {pending_scale_, static_cast<int32_t>(pending_growth_tracker_)}, /*found_inf=*/false,
-        options_.growth_factor(), options_.backoff_factor(), options_.growth_interval());
-    pending_scale_ = next.scale;
-    pending_growth_tracker_ = next.growth_tracker;
+    update_on_host_();
   }
-  per_optimizer_.clear();
+  finish_iteration_();
+  if (backoff.has_value() && diag_.on_backoff) {
+    diag_.on_backoff(*backoff);
+  }
 }
 
 double GradScaler::get_scale() const {
@@ -326,44 +280,9 @@ int64_t GradScaler::growth_tracker_value_() const {
   return growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : pending_growth_tracker_;
 }
 
-std::map<std::string, double> GradScaler::state_dict() const {
-  if (!options_.enabled()) {
-    return {};  // as PyTorch: a disabled scaler has no state
-  }
-  return {{kScaleKey, get_scale()},
-          {kGrowthFactorKey, options_.growth_factor()},
-          {kBackoffFactorKey, options_.backoff_factor()},
-          {kGrowthIntervalKey, static_cast<double>(options_.growth_interval())},
-          {kGrowthTrackerKey, static_cast<double>(growth_tracker_value_())}};
-}
-
-void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
-  if (!options_.enabled()) {
-    return;  // nothing to load into a pass-through, as PyTorch
-  }
-  // Validate everything first, so that a bad map leaves the scaler as it was.
-  const float scale = checked_scale(required(state, kScaleKey), "state 'scale'");
-  const double growth_factor = required(state, kGrowthFactorKey);
-  check_growth_factor(growth_factor);
-  const double backoff_factor = required(state, kBackoffFactorKey);
-  check_backoff_factor(backoff_factor);
-  const int64_t growth_interval =
-      checked_integer(required(state, kGrowthIntervalKey), kGrowthIntervalKey);
-  check_growth_interval(growth_interval);
-  const int64_t growth_tracker =
-      checked_integer(required(state, kGrowthTrackerKey), kGrowthTrackerKey);
-  TORCH_CHECK_VALUE(growth_tracker >= 0 && growth_tracker < growth_interval,
-                    "GradScaler::load_state_dict: 'growth_tracker' must be in [0, growth_interval=",
-                    growth_interval, "), got ", growth_tracker, ".");
-
-  options_.growth_factor(growth_factor).backoff_factor(backoff_factor).growth_interval(growth_interval);
-  if (scale_.defined()) {
-    scale_.fill_(scale);
-    growth_tracker_.fill_(growth_tracker);
-  } else {
-    pending_scale_ = scale;
-    pending_growth_tracker_ = growth_tracker;
-  }
+int64_t GradScaler::overflow_tracker_value_() const {
+  return overflow_tracker_.defined() ? overflow_tracker_.item<int32_t>()
+                                     : pending_overflow_tracker_;
 }
 
 }  // namespace amp

@@ -42,6 +42,15 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);
 
+// The update with guards (hysteresis, max_scale; see cpu::next_scale_state): the CPU twin
+// for a CPU scale, the generic ATen-ops path on every other device (CUDA included; ATen's
+// kernel knows no guards). No host synchronisation either.
+//   overflow_tracker: int32, 0-dim, beside `scale`: overflows absorbed by hysteresis.
+void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
+                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                           double growth_factor, double backoff_factor, int64_t growth_interval,
+                           int64_t hysteresis, double max_scale);
+
 // Routes every device to the generic ATen-ops backend (the path Apple MPS and other
 // devices take) while alive. Lets the tests exercise that path on CPU. Process-wide.
 class ForceGenericBackendGuard {

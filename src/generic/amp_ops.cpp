@@ -1,5 +1,7 @@
 #include "generic/amp_ops.h"
 
+#include <cmath>
+
 namespace lucid {
 namespace amp {
 namespace generic {
@@ -54,6 +56,33 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
+}
+
+void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
+                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                           double growth_factor, double backoff_factor, int64_t growth_interval,
+                           int64_t hysteresis, double max_scale) {
+  // cpu::next_scale_state with guards, as selects on the device (no host sync).
+  const at::Tensor found = found_inf.ne(0);
+  const at::Tensor successful = growth_tracker + 1;
+  const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
+  at::Tensor grown = scale * growth_factor;
+  grown = at::where(grown.isfinite(), grown, scale);
+  if (std::isfinite(max_scale)) {
+    grown = at::minimum(grown, at::full({}, static_cast<float>(max_scale), scale.options()));
+  }
+  const at::Tensor next_overflow = overflow_tracker + 1;
+  const at::Tensor absorb = found.logical_and(next_overflow.lt(hysteresis));
+  const at::Tensor backoff = found.logical_and(absorb.logical_not());
+  const at::Tensor new_scale =
+      at::where(backoff, scale * backoff_factor, at::where(grow, grown, scale));
+  const at::Tensor new_tracker =
+      at::where(found.logical_or(grow), at::zeros_like(successful), successful);
+  const at::Tensor new_overflow = at::where(
+      absorb, next_overflow, at::where(found, overflow_tracker, at::zeros_like(overflow_tracker)));
+  scale.copy_(new_scale);
+  growth_tracker.copy_(new_tracker);
+  overflow_tracker.copy_(new_overflow);
 }
 
 }  // namespace generic

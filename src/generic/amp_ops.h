@@ -27,6 +27,14 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);
 
+// The same with guards (cpu::next_scale_state's rule as selects, in float32):
+// overflow_tracker (int32, 0-dim, the scale's device) counts overflows absorbed by
+// hysteresis; growth is capped at max_scale (+inf: no cap).
+void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
+                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                           double growth_factor, double backoff_factor, int64_t growth_interval,
+                           int64_t hysteresis, double max_scale);
+
 }  // namespace generic
 }  // namespace amp
 }  // namespace lucid

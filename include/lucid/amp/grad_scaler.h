@@ -4,20 +4,35 @@
 // The contract is ../shared/spec (seed page + cpp-api.md); NOTE: [Scaler state on the
 // device] in src/amp/grad_scaler.cpp says where the scale lives and why.
 
+#include <lucid/amp/diagnostics.h>
+
 #include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+namespace torch {
+namespace serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace serialize
+}  // namespace torch
+
 namespace lucid {
 namespace amp {
+namespace detail {
+struct ScalerSnapshot;
+}  // namespace detail
 
 /// Options of a GradScaler; validated once, by the GradScaler constructor.
 struct GradScalerOptions {
@@ -36,6 +51,17 @@ struct GradScalerOptions {
   /// returns the optimizer's value even when the update was skipped. Lets a whole
   /// training step be captured in a CUDA graph. Off: the seed's behaviour.
   TORCH_ARG(bool, graph_safe) = false;
+  /// Guard (0 = off): the smallest scale allowed. A backoff that would take the scale
+  /// below it throws c10::Error ("the loss is diverging") and changes nothing, instead of
+  /// skipping every step while the scale collapses. Finite, >= 0, <= init_scale.
+  TORCH_ARG(double, min_scale) = 0.0;
+  /// Guard (+inf = off): growth stops at this scale (clamped on the device). > 0, at most
+  /// float32's largest value (or +inf), >= init_scale and >= min_scale.
+  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
+  /// Guard (1 = off): back off only after this many consecutive overflowing updates
+  /// (Megatron-LM's and DeepSpeed's hysteresis); the overflowing steps are still skipped.
+  /// In [1, 2147483647].
+  TORCH_ARG(int64_t, hysteresis) = 1;
 };
 
 /// Where one optimizer is in the current iteration (seed: ready -> unscaled -> stepped).
@@ -90,34 +116,123 @@ class GradScaler {
   using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
   void set_found_inf_hook(FoundInfHook hook);
 
-  /// Keys: scale, growth_factor, backoff_factor, growth_interval, growth_tracker.
+  /// Keys: scale, growth_factor, backoff_factor, growth_interval, growth_tracker; and,
+  /// only where a guard is on, min_scale, max_scale, hysteresis and overflow_tracker.
   std::map<std::string, double> state_dict() const;
   /// Loads a state_dict; a missing key or invalid value throws c10::ValueError and
-  /// leaves the scaler unchanged.
+  /// leaves the scaler unchanged. Accepts PyTorch's `_growth_tracker` for `growth_tracker`;
+  /// guard keys are optional (absent: the scaler keeps its own guards).
   void load_state_dict(const std::map<std::string, double>& state);
+
+  // ---- Checkpoints (src/amp/serialize.cpp) -------------------------------------------
+  /// Writes the whole scaler (state, options but `enabled`, counters) under the key
+  /// "lucid_amp_grad_scaler" of `archive`, with a format version and a checksum.
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads what save() wrote. A missing, corrupt or mismatched entry throws c10::Error
+  /// (c10::ValueError for an invalid value) and leaves the scaler unchanged.
+  void load(torch::serialize::InputArchive& archive);
+
+  // ---- Diagnostics (include/lucid/amp/diagnostics.h, src/amp/diagnostics.cpp) ----------
+  /// Counters of steps and scale changes. May read overflow flags the host has not seen
+  /// yet (only those of optimizers that were unscale_'d but not stepped).
+  ScalerCounters counters() const;
+  /// Whether the last step() of `optimizer` skipped optimizer.step() (false if it never
+  /// stepped). Survives update(): an LR scheduler asks after the iteration.
+  bool step_skipped(const torch::optim::Optimizer& optimizer) const;
+  /// Whether `optimizer`'s gradients held inf/NaN in this iteration (false before
+  /// unscale_/step). Reads its flag once (4 bytes) if step() has not.
+  bool overflowed(const torch::optim::Optimizer& optimizer);
+  /// The report of the last iteration that overflowed (nullopt if none has).
+  const std::optional<OverflowReport>& last_overflow() const;
+  /// Called on every backoff, after update() applied it; nullptr removes it. While set,
+  /// update() reads the flags the host has not seen and, on a backoff, the scale.
+  void set_backoff_callback(BackoffCallback callback);
+  /// Names parameters for the overflow report, e.g. `set_parameter_names(
+  /// model->named_parameters())`; `prefix` is prepended. Held weakly.
+  void set_parameter_names(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                           const std::string& prefix = "");
+  /// Names one parameter for the overflow report.
+  void set_parameter_name(const torch::Tensor& parameter, const std::string& name);
 
  private:
   struct PerOptimizer {
     OptimizerStage stage = OptimizerStage::kReady;
     torch::Tensor found_inf;  // float32, 1 element, on the scale's device
+    bool found_inf_read = false;   // the host has read found_inf (step, overflowed, update)
+    bool found_inf_value = false;  // what it read
+  };
+
+  // NOTE: [Diagnostics without host synchronisation] (src/amp/diagnostics.cpp).
+  struct Diagnostics {
+    ScalerCounters counters;  // as of the last resolved schedule update
+    // The trackers as of the last resolved update, advanced on the host by the same rule
+    // as the device (cpu::next_scale_state); they say whether an update backed off or grew.
+    int32_t growth_tracker = 0;
+    int32_t overflow_tracker = 0;
+    // Schedule updates whose outcome is not counted yet, in order: the flag is undefined
+    // when the host knew `found`, else the combined device flag to read later.
+    struct Pending {
+      bool found = false;
+      torch::Tensor flag;
+    };
+    std::vector<Pending> pending;
+    std::unordered_map<const torch::optim::Optimizer*, bool> last_step_skipped;
+    std::optional<OverflowReport> last_overflow;
+    BackoffCallback on_backoff;
+    struct Name {
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
+      std::string name;
+    };
+    std::unordered_map<const c10::TensorImpl*, Name> names;
   };
 
   void lazy_init_(const at::Device& device);
-  void unscale_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record);
-  void check_checked_(torch::optim::Optimizer& optimizer, PerOptimizer& record);
+  // Checks the gradients' dtypes, places the scale and records the optimizer's overflow
+  // flag, unscaling the gradients in place or (for a scaler-aware optimizer, which
+  // unscales inside its own step) only reading them.
+  enum class GradientPass { kUnscale, kCheckOnly };
+  void record_overflow_(torch::optim::Optimizer& optimizer, PerOptimizer& record,
+                        GradientPass pass);
   std::optional<torch::Tensor> step_scaler_aware_(torch::optim::Optimizer& optimizer,
                                                   PerOptimizer& record);
   PerOptimizer& record_for_(const torch::optim::Optimizer& optimizer);
   int64_t growth_tracker_value_() const;
+  int64_t overflow_tracker_value_() const;
+
+  // Guards (src/amp/guards.cpp).
+  bool guarded_update_() const;
+  void ensure_overflow_tracker_();
+  void run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
+                          at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
+  std::optional<BackoffEvent> update_on_device_();
+  void update_on_host_();
+
+  // State I/O (src/amp/serialize.cpp).
+  detail::ScalerSnapshot snapshot_() const;
+  void apply_(const detail::ScalerSnapshot& snapshot, const ScalerCounters* counters);
+
+  // Diagnostics (src/amp/diagnostics.cpp).
+  bool read_found_inf_(const torch::optim::Optimizer& optimizer, PerOptimizer& record);
+  void note_step_(const torch::optim::Optimizer& optimizer, bool skipped);
+  void note_overflow_(const torch::optim::Optimizer& optimizer);
+  void note_schedule_update_(bool known, bool found, const at::Tensor& flag);
+  bool predicts_backoff_(bool found) const;
+  void resolve_pending_() const;
+  void finish_iteration_();
 
   GradScalerOptions options_;
   // Host copies used until the device tensors exist (NOTE: [Scaler state on the device]).
   float pending_scale_;
   int64_t pending_growth_tracker_ = 0;
+  int64_t pending_overflow_tracker_ = 0;
   torch::Tensor scale_;           // float32, 0-dim, on the device of the first output
   torch::Tensor growth_tracker_;  // int32, 0-dim, beside scale_
+  // int32, 0-dim, beside scale_: consecutive overflows absorbed by hysteresis. Made only
+  // when a guard needs it (guarded_update_()).
+  torch::Tensor overflow_tracker_;
   std::unordered_map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
   FoundInfHook found_inf_hook_;
+  mutable Diagnostics diag_;
 };
 
 }  // namespace amp

@@ -1,0 +1,111 @@
+#pragma once
+
+// What a GradScaler tells about itself when things go wrong: which gradients overflowed,
+// counters of steps and scale changes, and the event handed to a backoff callback.
+// NOTE: [Diagnostics without host synchronisation] in src/amp/diagnostics.cpp says where
+// each number comes from and what it costs.
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace optim {
+class Optimizer;
+}  // namespace optim
+}  // namespace torch
+
+namespace lucid {
+namespace amp {
+
+/// One gradient that held inf or NaN after unscaling.
+struct NonFiniteGradient {
+  /// The optimizer the parameter belongs to; for comparing with `&optimizer` only (it is
+  /// not kept alive and may dangle once the optimizer is gone).
+  const torch::optim::Optimizer* optimizer = nullptr;
+  /// Index of the parameter group in `optimizer->param_groups()`.
+  size_t param_group = 0;
+  /// Index of the parameter within that group.
+  size_t index = 0;
+  /// The name registered with GradScaler::set_parameter_names (empty when none was).
+  std::string name;
+  /// How many entries of the (unscaled) gradient are NaN.
+  int64_t nan_count = 0;
+  /// How many entries of the (unscaled) gradient are +inf or -inf.
+  int64_t inf_count = 0;
+  /// How many entries the gradient has (for a sparse gradient: its stored values).
+  int64_t numel = 0;
+  /// The gradient's shape.
+  std::vector<int64_t> sizes;
+  /// The gradient's dtype.
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  /// The gradient's device.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+};
+
+/// Which gradients overflowed in one iteration (between two update() calls). Built only
+/// when the scaler learns of an overflow: when step() skips, or when overflowed() or
+/// update() reads the flag of an optimizer that was only unscale_'d.
+struct OverflowReport {
+  /// The iteration: how many schedule updates (update() without a new scale) came before.
+  int64_t iteration = 0;
+  /// The scale the gradients had been multiplied by (and were divided by).
+  double scale = 0.0;
+  /// How many optimizers overflowed in this iteration (so far).
+  int64_t optimizers = 0;
+  /// Every gradient holding a non-finite entry, in optimizer, group and parameter order.
+  /// Empty when the flag was raised although no local gradient is non-finite: a
+  /// found_inf hook (another rank overflowed), or gradients changed after unscale_.
+  std::vector<NonFiniteGradient> gradients;
+
+  /// One line per gradient, e.g. "group 0 param 3 'fc.weight' [4, 8] Float: 2 NaN, 0 inf of 32".
+  std::string to_string() const;
+};
+
+/// Counters of what the scaler did since it was built (or since the checkpoint it was
+/// loaded from). A disabled scaler counts nothing.
+struct ScalerCounters {
+  /// step() calls that ran optimizer.step().
+  int64_t steps_taken = 0;
+  /// step() calls that skipped optimizer.step() because a gradient was inf/NaN.
+  int64_t steps_skipped = 0;
+  /// update() calls that ran the schedule (update(new_scale) is not counted).
+  int64_t updates = 0;
+  /// Of those, the updates that saw an overflow in any optimizer.
+  int64_t overflow_updates = 0;
+  /// Updates that multiplied the scale by backoff_factor (with hysteresis > 1, fewer than
+  /// overflow_updates).
+  int64_t backoffs = 0;
+  /// Updates that completed growth_interval clean updates and grew the scale (capped at
+  /// max_scale and float32's largest value: at the cap the scale stays, and it counts).
+  int64_t growths = 0;
+  /// Consecutive overflowing updates up to the last one (0 after a clean update). A
+  /// streak that keeps rising means every step is being skipped.
+  int64_t overflow_streak = 0;
+};
+
+/// What a backoff callback receives, once per backoff, after update() has applied it.
+struct BackoffEvent {
+  /// The iteration that overflowed (as OverflowReport::iteration).
+  int64_t iteration = 0;
+  /// The scale before the backoff.
+  double old_scale = 0.0;
+  /// The scale after it.
+  double new_scale = 0.0;
+  /// Consecutive overflowing updates, this one included.
+  int64_t overflow_streak = 0;
+  /// The overflow report of the iteration, when one was built (see OverflowReport).
+  const OverflowReport* report = nullptr;
+};
+
+/// Called on every backoff (GradScaler::set_backoff_callback).
+using BackoffCallback = std::function<void(const BackoffEvent& event)>;
+
+}  // namespace amp
+}  // namespace lucid

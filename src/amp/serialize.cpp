@@ -1,0 +1,390 @@
+// GradScaler's state I/O: state_dict / load_state_dict (maps of doubles, PyTorch's form)
+// and save / load through torch::serialize archives (checkpoints).
+//
+// NOTE: [GradScaler archive format]
+// GradScaler::save writes one nested archive under "lucid_amp_grad_scaler", so that it
+// can share an archive with a model and an optimizer. Its entries are IValues:
+//   format_version  int     1 (load reads 1..kGradScalerArchiveVersion)
+//   enabled         bool
+//   scale           double  the float32 scale, exactly
+//   growth_factor, backoff_factor, min_scale, max_scale          double
+//   growth_interval, growth_tracker, hysteresis, overflow_tracker int
+//   steps_taken, steps_skipped, updates, overflow_updates, backoffs, growths,
+//   overflow_streak  int    the counters (ScalerCounters)
+//   checksum        int     FNV-1a over all of the above (archive_checksum)
+// load reads and checks everything before it changes anything: a missing entry, an
+// entry of the wrong type, an unknown version or a checksum that does not match throws
+// c10::Error; values that are consistent but invalid (the checks of the options and of
+// load_state_dict) throw c10::ValueError. Bytes that are not an archive at all are
+// refused by torch::serialize::InputArchive::load_from (c10::Error) before this code runs.
+// `enabled` is the one option not restored: an archive of a disabled scaler is refused by
+// an enabled one (it holds no state), and a disabled scaler checks an archive and then
+// ignores it, as its load_state_dict does.
+
+#include <lucid/amp/serialize.h>
+
+#include "amp/archive_format.h"
+#include "amp/scaler_state.h"
+
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+const std::vector<ArchiveField>& archive_fields() {
+  static const std::vector<ArchiveField> fields = {
+      {"enabled", ArchiveKind::kBool},           {"scale", ArchiveKind::kDouble},
+      {"growth_factor", ArchiveKind::kDouble},   {"backoff_factor", ArchiveKind::kDouble},
+      {"growth_interval", ArchiveKind::kInt},    {"growth_tracker", ArchiveKind::kInt},
+      {"min_scale", ArchiveKind::kDouble},       {"max_scale", ArchiveKind::kDouble},
+      {"hysteresis", ArchiveKind::kInt},         {"overflow_tracker", ArchiveKind::kInt},
+      {"steps_taken", ArchiveKind::kInt},        {"steps_skipped", ArchiveKind::kInt},
+      {"updates", ArchiveKind::kInt},            {"overflow_updates", ArchiveKind::kInt},
+      {"backoffs", ArchiveKind::kInt},           {"growths", ArchiveKind::kInt},
+      {"overflow_streak", ArchiveKind::kInt},
+  };
+  return fields;
+}
+
+namespace {
+
+void fnv1a(uint64_t& hash, const void* data, size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash ^= bytes[i];
+    hash *= 1099511628211ull;
+  }
+}
+
+void fnv1a_int(uint64_t& hash, int64_t value) {
+  unsigned char bytes[8];
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] = static_cast<unsigned char>(static_cast<uint64_t>(value) >> (8 * i));
+  }
+  fnv1a(hash, bytes, 8);
+}
+
+}  // namespace
+
+uint64_t archive_checksum(int64_t format_version, const std::vector<c10::IValue>& values) {
+  const auto& fields = archive_fields();
+  TORCH_INTERNAL_ASSERT(values.size() == fields.size());
+  uint64_t hash = 14695981039346656037ull;
+  fnv1a(hash, "format_version", sizeof("format_version"));
+  fnv1a_int(hash, format_version);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    fnv1a(hash, fields[i].key, std::strlen(fields[i].key) + 1);
+    int64_t bits = 0;
+    switch (fields[i].kind) {
+      case ArchiveKind::kInt:
+        bits = values[i].toInt();
+        break;
+      case ArchiveKind::kBool:
+        bits = values[i].toBool() ? 1 : 0;
+        break;
+      case ArchiveKind::kDouble: {
+        const double d = values[i].toDouble();
+        std::memcpy(&bits, &d, sizeof(bits));
+        break;
+      }
+    }
+    fnv1a_int(hash, bits);
+  }
+  return hash;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::ArchiveKind;
+
+constexpr const char* kLoadStateDict = "GradScaler::load_state_dict";
+constexpr const char* kLoad = "GradScaler::load";
+
+double required(const std::map<std::string, double>& state, const char* key) {
+  const auto it = state.find(key);
+  TORCH_CHECK_VALUE(it != state.end(), kLoadStateDict, ": the state has no '", key,
+                    "' entry; pass a map produced by GradScaler::state_dict().");
+  return it->second;
+}
+
+const double* optional_entry(const std::map<std::string, double>& state, const char* key) {
+  const auto it = state.find(key);
+  return it == state.end() ? nullptr : &it->second;
+}
+
+const char* kind_name(ArchiveKind kind) {
+  switch (kind) {
+    case ArchiveKind::kInt:
+      return "an int";
+    case ArchiveKind::kDouble:
+      return "a float";
+    case ArchiveKind::kBool:
+      return "a bool";
+  }
+  return "?";
+}
+
+bool has_kind(const c10::IValue& value, ArchiveKind kind) {
+  switch (kind) {
+    case ArchiveKind::kInt:
+      return value.isInt();
+    case ArchiveKind::kDouble:
+      return value.isDouble();
+    case ArchiveKind::kBool:
+      return value.isBool();
+  }
+  return false;
+}
+
+void check_counters(const ScalerCounters& c) {
+  const int64_t all[] = {c.steps_taken, c.steps_skipped,   c.updates,        c.overflow_updates,
+                         c.backoffs,    c.growths,         c.overflow_streak};
+  for (const int64_t v : all) {
+    TORCH_CHECK_VALUE(v >= 0, kLoad, ": a counter is negative (", v,
+                      "); the archive is not a GradScaler checkpoint.");
+  }
+  TORCH_CHECK_VALUE(c.overflow_updates + c.growths <= c.updates && c.backoffs <= c.overflow_updates &&
+                        c.overflow_streak <= c.overflow_updates,
+                    kLoad, ": the counters contradict each other (updates ", c.updates,
+                    ", overflow_updates ", c.overflow_updates, ", backoffs ", c.backoffs,
+                    ", growths ", c.growths, ", overflow_streak ", c.overflow_streak,
+                    "); the archive is not a GradScaler checkpoint.");
+}
+
+}  // namespace
+
+detail::ScalerSnapshot GradScaler::snapshot_() const {
+  detail::ScalerSnapshot s;
+  s.scale = scale_.defined() ? scale_.item<float>() : pending_scale_;
+  s.growth_factor = options_.growth_factor();
+  s.backoff_factor = options_.backoff_factor();
+  s.growth_interval = options_.growth_interval();
+  s.growth_tracker = growth_tracker_value_();
+  s.min_scale = options_.min_scale();
+  s.max_scale = options_.max_scale();
+  s.hysteresis = options_.hysteresis();
+  s.overflow_tracker = overflow_tracker_value_();
+  return s;
+}
+
+void GradScaler::apply_(const detail::ScalerSnapshot& s, const ScalerCounters* counters) {
+  if (counters != nullptr) {
+    diag_.pending.clear();  // outcomes of the run the archive replaces
+  } else {
+    resolve_pending_();  // outcomes of the old schedule, counted with the old trackers
+  }
+  options_.growth_factor(s.growth_factor)
+      .backoff_factor(s.backoff_factor)
+      .growth_interval(s.growth_interval)
+      .min_scale(s.min_scale)
+      .max_scale(s.max_scale)
+      .hysteresis(s.hysteresis);
+  if (scale_.defined()) {
+    scale_.fill_(s.scale);
+    growth_tracker_.fill_(s.growth_tracker);
+    if (overflow_tracker_.defined()) {
+      overflow_tracker_.fill_(s.overflow_tracker);
+    } else {
+      pending_overflow_tracker_ = s.overflow_tracker;
+      if (guarded_update_()) {
+        ensure_overflow_tracker_();
+      }
+    }
+  } else {
+    pending_scale_ = s.scale;
+    pending_growth_tracker_ = s.growth_tracker;
+    pending_overflow_tracker_ = s.overflow_tracker;
+  }
+  diag_.growth_tracker = static_cast<int32_t>(s.growth_tracker);
+  diag_.overflow_tracker = static_cast<int32_t>(s.overflow_tracker);
+  if (counters != nullptr) {
+    diag_.counters = *counters;
+  }
+}
+
+std::map<std::string, double> GradScaler::state_dict() const {
+  if (!options_.enabled()) {
+    return {};  // as PyTorch: a disabled scaler has no state
+  }
+  const detail::ScalerSnapshot s = snapshot_();
+  std::map<std::string, double> state = {
+      {"scale", static_cast<double>(s.scale)},
+      {"growth_factor", s.growth_factor},
+      {"backoff_factor", s.backoff_factor},
+      {"growth_interval", static_cast<double>(s.growth_interval)},
+      {"growth_tracker", static_cast<double>(s.growth_tracker)}};
+  // Guard keys only where a guard is on: a default scaler's map is PyTorch's five keys.
+  if (s.min_scale > 0.0) {
+    state["min_scale"] = s.min_scale;
+  }
+  if (std::isfinite(s.max_scale)) {
+    state["max_scale"] = s.max_scale;
+  }
+  if (s.hysteresis > 1) {
+    state["hysteresis"] = static_cast<double>(s.hysteresis);
+    state["overflow_tracker"] = static_cast<double>(s.overflow_tracker);
+  }
+  return state;
+}
+
+void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
+  if (!options_.enabled()) {
+    return;  // nothing to load into a pass-through, as PyTorch
+  }
+  // Read and validate everything first, so that a bad map leaves the scaler as it was.
+  detail::ScalerSnapshot s;
+  s.scale = detail::checked_scale(required(state, "scale"), "state 'scale'");
+  s.growth_factor = required(state, "growth_factor");
+  detail::check_growth_factor(s.growth_factor);
+  s.backoff_factor = required(state, "backoff_factor");
+  detail::check_backoff_factor(s.backoff_factor);
+  s.growth_interval =
+      detail::checked_integer(required(state, "growth_interval"), "growth_interval", kLoadStateDict);
+  // PyTorch writes the tracker as "_growth_tracker"; either name is accepted.
+  const double* tracker = optional_entry(state, "growth_tracker");
+  const double* py_tracker = optional_entry(state, "_growth_tracker");
+  TORCH_CHECK_VALUE(tracker != nullptr || py_tracker != nullptr, kLoadStateDict,
+                    ": the state has no 'growth_tracker' entry (nor PyTorch's '_growth_tracker'); "
+                    "pass a map produced by GradScaler::state_dict().");
+  if (tracker != nullptr && py_tracker != nullptr) {
+    TORCH_CHECK_VALUE(*tracker == *py_tracker, kLoadStateDict,
+                      ": 'growth_tracker' (", *tracker, ") and '_growth_tracker' (",
+                      *py_tracker, ") disagree; keep one of them.");
+  }
+  s.growth_tracker = detail::checked_integer(tracker != nullptr ? *tracker : *py_tracker,
+                                             "growth_tracker", kLoadStateDict);
+  // Guard keys are optional: absent, the scaler keeps its own guards (a map from PyTorch
+  // or from an unguarded scaler says nothing about them); absent overflow_tracker is 0.
+  const double* min_scale = optional_entry(state, "min_scale");
+  s.min_scale = min_scale != nullptr ? *min_scale : options_.min_scale();
+  const double* max_scale = optional_entry(state, "max_scale");
+  s.max_scale = max_scale != nullptr ? *max_scale : options_.max_scale();
+  const double* hysteresis = optional_entry(state, "hysteresis");
+  s.hysteresis = hysteresis != nullptr
+                     ? detail::checked_integer(*hysteresis, "hysteresis", kLoadStateDict)
+                     : options_.hysteresis();
+  const double* overflow_tracker = optional_entry(state, "overflow_tracker");
+  s.overflow_tracker =
+      overflow_tracker != nullptr
+          ? detail::checked_integer(*overflow_tracker, "overflow_tracker", kLoadStateDict)
+          : 0;
+  detail::validate_snapshot(s, kLoadStateDict);
+  apply_(s, nullptr);
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  resolve_pending_();  // the counters are saved too
+  const detail::ScalerSnapshot s = snapshot_();
+  const ScalerCounters& c = diag_.counters;
+  const std::vector<c10::IValue> values = {
+      c10::IValue(options_.enabled()),    c10::IValue(static_cast<double>(s.scale)),
+      c10::IValue(s.growth_factor),       c10::IValue(s.backoff_factor),
+      c10::IValue(s.growth_interval),     c10::IValue(s.growth_tracker),
+      c10::IValue(s.min_scale),           c10::IValue(s.max_scale),
+      c10::IValue(s.hysteresis),          c10::IValue(s.overflow_tracker),
+      c10::IValue(c.steps_taken),         c10::IValue(c.steps_skipped),
+      c10::IValue(c.updates),             c10::IValue(c.overflow_updates),
+      c10::IValue(c.backoffs),            c10::IValue(c.growths),
+      c10::IValue(c.overflow_streak),
+  };
+  const auto& fields = detail::archive_fields();
+  torch::serialize::OutputArchive child(archive.compilation_unit());
+  child.write("format_version", c10::IValue(kGradScalerArchiveVersion));
+  for (size_t i = 0; i < fields.size(); ++i) {
+    child.write(fields[i].key, values[i]);
+  }
+  const uint64_t checksum = detail::archive_checksum(kGradScalerArchiveVersion, values);
+  child.write("checksum", c10::IValue(static_cast<int64_t>(checksum)));
+  archive.write(kGradScalerArchiveKey, child);
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive child;
+  TORCH_CHECK(archive.try_read(kGradScalerArchiveKey, child), kLoad, ": the archive has no '",
+              kGradScalerArchiveKey,
+              "' entry, so it holds no lucid-amp GradScaler; write one with GradScaler::save or "
+              "torch::save(scaler, ...).");
+  // Structure first: every entry present, of its type, and the checksum right.
+  c10::IValue version;
+  TORCH_CHECK(child.try_read("format_version", version) && version.isInt(), kLoad,
+              ": the GradScaler entry has no integer 'format_version'; the archive is "
+              "truncated, corrupt or not a GradScaler checkpoint.");
+  TORCH_CHECK(version.toInt() >= 1 && version.toInt() <= kGradScalerArchiveVersion, kLoad,
+              ": the archive has format version ", version.toInt(),
+              "; this lucid-amp reads versions 1 to ", kGradScalerArchiveVersion,
+              " (a newer lucid-amp wrote it?).");
+  const auto& fields = detail::archive_fields();
+  std::vector<c10::IValue> values(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) {
+    TORCH_CHECK(child.try_read(fields[i].key, values[i]), kLoad, ": the archive has no '",
+                fields[i].key, "' entry; it is truncated or not a GradScaler checkpoint.");
+    TORCH_CHECK(has_kind(values[i], fields[i].kind), kLoad, ": '", fields[i].key,
+                "' should be ", kind_name(fields[i].kind), " but holds a ",
+                values[i].tagKind(), "; the archive is corrupt.");
+  }
+  c10::IValue checksum;
+  TORCH_CHECK(child.try_read("checksum", checksum) && checksum.isInt(), kLoad,
+              ": the archive has no integer 'checksum'; it is truncated or corrupt.");
+  const uint64_t expected = detail::archive_checksum(version.toInt(), values);
+  TORCH_CHECK(static_cast<uint64_t>(checksum.toInt()) == expected, kLoad,
+              ": checksum mismatch (stored ", static_cast<uint64_t>(checksum.toInt()),
+              ", computed ", expected, "); the archive is corrupt. Nothing was loaded.");
+
+  // Then the values, with the checks every other source of state goes through.
+  const bool enabled = values[0].toBool();
+  detail::ScalerSnapshot s;
+  const double scale = values[1].toDouble();
+  s.scale = detail::checked_scale(scale, "state 'scale'");
+  TORCH_CHECK_VALUE(static_cast<double>(s.scale) == scale, kLoad, ": 'scale' ", scale,
+                    " is not a float32 value; the archive was not written by GradScaler::save.");
+  s.growth_factor = values[2].toDouble();
+  s.backoff_factor = values[3].toDouble();
+  s.growth_interval = values[4].toInt();
+  s.growth_tracker = values[5].toInt();
+  s.min_scale = values[6].toDouble();
+  s.max_scale = values[7].toDouble();
+  s.hysteresis = values[8].toInt();
+  s.overflow_tracker = values[9].toInt();
+  detail::validate_snapshot(s, kLoad);
+  ScalerCounters c;
+  c.steps_taken = values[10].toInt();
+  c.steps_skipped = values[11].toInt();
+  c.updates = values[12].toInt();
+  c.overflow_updates = values[13].toInt();
+  c.backoffs = values[14].toInt();
+  c.growths = values[15].toInt();
+  c.overflow_streak = values[16].toInt();
+  check_counters(c);
+
+  if (!options_.enabled()) {
+    return;  // checked, and ignored, as load_state_dict does for a disabled scaler
+  }
+  TORCH_CHECK_VALUE(enabled, kLoad,
+                    ": the archive was saved from a disabled GradScaler and holds no state "
+                    "to load into this enabled one; build this scaler with enabled(false), or "
+                    "load a checkpoint of an enabled scaler.");
+  apply_(s, &c);
+}
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                           const GradScaler& scaler) {
+  scaler.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                          GradScaler& scaler) {
+  scaler.load(archive);
+  return archive;
+}
+
+}  // namespace amp
+}  // namespace lucid

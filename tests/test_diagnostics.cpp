@@ -1,0 +1,414 @@
+// Diagnostics: the overflow report (which parameter, how many entries), counters, whether
+// an optimizer's last step was skipped, and the backoff callback.
+
+#include "fault_test_util.h"
+
+#include <torch/optim/schedulers/step_lr.h>
+
+#include <cfloat>
+#include <limits>
+
+namespace {
+
+using fault_test::OneParam;
+using lucid::amp::BackoffEvent;
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+using lucid::amp::NonFiniteGradient;
+using lucid::amp::ScalerCounters;
+
+constexpr float kFInf = std::numeric_limits<float>::infinity();
+constexpr float kFNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A two-layer model with named parameters 0.weight [3,4], 0.bias [3], 1.weight [1,3], 1.bias [1].
+struct Model {
+  Model() {
+    net->push_back(torch::nn::Linear(4, 3));
+    net->push_back(torch::nn::Linear(3, 1));
+    for (auto& p : net->parameters()) {
+      p.mutable_grad() = torch::ones_like(p) * 8.0;
+    }
+  }
+  torch::Tensor& param(const std::string& name) { return net->named_parameters()[name]; }
+  torch::nn::Sequential net;
+};
+
+TEST(OverflowReport, NamesTheParameterAndCountsItsNonFiniteEntries) {
+  Model m;
+  torch::optim::SGD opt(m.net->parameters(), torch::optim::SGDOptions(0.1));
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  scaler.set_parameter_names(m.net->named_parameters());
+  scaler.scale(torch::ones({}));
+  auto g = torch::full({1, 3}, 8.0f);
+  g[0][0] = kFNaN;
+  g[0][1] = kFNaN;
+  g[0][2] = -kFInf;
+  m.param("1.weight").mutable_grad() = g;
+  EXPECT_FALSE(scaler.step(opt).has_value());
+
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  const auto& report = *scaler.last_overflow();
+  EXPECT_EQ(report.iteration, 0);
+  EXPECT_EQ(report.scale, 8.0);
+  EXPECT_EQ(report.optimizers, 1);
+  ASSERT_EQ(report.gradients.size(), 1u);
+  const NonFiniteGradient& e = report.gradients[0];
+  EXPECT_EQ(e.optimizer, &opt);
+  EXPECT_EQ(e.param_group, 0u);
+  EXPECT_EQ(e.index, 2u);
+  EXPECT_EQ(e.name, "1.weight");
+  EXPECT_EQ(e.nan_count, 2);
+  EXPECT_EQ(e.inf_count, 1);
+  EXPECT_EQ(e.numel, 3);
+  EXPECT_EQ(e.sizes, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(e.dtype, at::kFloat);
+  EXPECT_TRUE(e.device.is_cpu());
+  const std::string text = report.to_string();
+  EXPECT_NE(text.find("'1.weight'"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 NaN and 1 inf of 3 entries"), std::string::npos) << text;
+}
+
+TEST(OverflowReport, IndexesWithinEachParamGroupAndWorksWithoutNames) {
+  auto a = torch::ones({2}, torch::requires_grad());
+  auto b = torch::ones({5}, torch::requires_grad());
+  auto c = torch::ones({2, 2}, torch::requires_grad());
+  torch::optim::SGD opt(std::vector<torch::optim::OptimizerParamGroup>{
+                            torch::optim::OptimizerParamGroup({a}),
+                            torch::optim::OptimizerParamGroup({b, c})},
+                        torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  a.mutable_grad() = torch::ones({2});
+  b.mutable_grad() = torch::full({5}, kFInf);
+  c.mutable_grad() = torch::tensor({{1.0f, kFNaN}, {kFInf, 2.0f}});
+  scaler.step(opt);
+  const auto& r = *scaler.last_overflow();
+  ASSERT_EQ(r.gradients.size(), 2u);
+  EXPECT_EQ(r.gradients[0].param_group, 1u);
+  EXPECT_EQ(r.gradients[0].index, 0u);
+  EXPECT_EQ(r.gradients[0].inf_count, 5);
+  EXPECT_EQ(r.gradients[0].name, "");
+  EXPECT_EQ(r.gradients[1].param_group, 1u);
+  EXPECT_EQ(r.gradients[1].index, 1u);
+  EXPECT_EQ(r.gradients[1].nan_count, 1);
+  EXPECT_EQ(r.gradients[1].inf_count, 1);
+}
+
+TEST(OverflowReport, CountsValuesThatOverflowOnlyWhenUnscaled) {
+  // A small scale divides a large finite gradient into inf: that is what the flag saw.
+  GradScaler scaler(GradScalerOptions().init_scale(0.25));
+  OneParam p(3);
+  p.grad(torch::tensor({FLT_MAX, 1.0f, -FLT_MAX}));
+  EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+  const auto& e = scaler.last_overflow()->gradients.at(0);
+  EXPECT_EQ(e.inf_count, 2);
+  EXPECT_EQ(e.nan_count, 0);
+}
+
+TEST(OverflowReport, SparseAndBFloat16GradientsAreCounted) {
+  auto s = torch::ones({4, 2}, torch::requires_grad());
+  auto h = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD opt(std::vector<torch::Tensor>{s, h}, torch::optim::SGDOptions(0.1));
+  s.mutable_grad() = torch::sparse_coo_tensor(torch::tensor({{0, 3}}),
+                                              torch::tensor({{1.0f, kFNaN}, {kFInf, kFInf}}), {4, 2});
+  h.mutable_grad() = torch::tensor({1.0f, kFNaN, 2.0f}).to(torch::kBFloat16);
+  GradScaler scaler;
+  scaler.step(opt);
+  const auto& r = *scaler.last_overflow();
+  ASSERT_EQ(r.gradients.size(), 2u);
+  EXPECT_EQ(r.gradients[0].nan_count, 1);
+  EXPECT_EQ(r.gradients[0].inf_count, 2);
+  EXPECT_EQ(r.gradients[0].numel, 4);  // stored values
+  EXPECT_EQ(r.gradients[1].dtype, at::kBFloat16);
+  EXPECT_EQ(r.gradients[1].nan_count, 1);
+}
+
+TEST(OverflowReport, AHookRaisedFlagGivesAnEmptyListThatSaysSo) {
+  GradScaler scaler;
+  scaler.set_found_inf_hook([](torch::Tensor& f) { f.fill_(1.0); });
+  OneParam p;
+  p.clean_grad();
+  EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  EXPECT_TRUE(scaler.last_overflow()->gradients.empty());
+  EXPECT_NE(scaler.last_overflow()->to_string().find("found_inf hook"), std::string::npos);
+}
+
+TEST(OverflowReport, CleanIterationsBuildNoReport) {
+  GradScaler scaler;
+  OneParam p;
+  for (int i = 0; i < 3; ++i) {
+    fault_test::iterate(scaler, p, false);
+  }
+  EXPECT_FALSE(scaler.last_overflow().has_value());
+}
+
+TEST(OverflowReport, OneReportPerIterationKeptUntilTheNextOverflow) {
+  GradScaler scaler;
+  OneParam a, b;
+  a.inf_grad();
+  b.inf_grad();
+  scaler.step(a.optimizer);
+  scaler.step(b.optimizer);
+  EXPECT_EQ(scaler.last_overflow()->optimizers, 2);
+  EXPECT_EQ(scaler.last_overflow()->gradients.size(), 2u);
+  EXPECT_EQ(scaler.last_overflow()->gradients[1].optimizer, &b.optimizer);
+  scaler.update();
+  fault_test::iterate(scaler, a, false);
+  EXPECT_EQ(scaler.last_overflow()->iteration, 0) << "kept across clean iterations";
+  fault_test::iterate(scaler, a, true);
+  EXPECT_EQ(scaler.last_overflow()->iteration, 2);
+  EXPECT_EQ(scaler.last_overflow()->optimizers, 1);
+}
+
+TEST(OverflowReport, OverflowedReadsAnUnscaleOnlyOptimizerAndBuildsTheReport) {
+  GradScaler scaler;
+  OneParam p;
+  EXPECT_FALSE(scaler.overflowed(p.optimizer)) << "not unscaled yet";
+  p.inf_grad();
+  scaler.unscale_(p.optimizer);
+  EXPECT_FALSE(scaler.last_overflow().has_value()) << "unscale_ reads nothing";
+  EXPECT_TRUE(scaler.overflowed(p.optimizer));
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  EXPECT_EQ(scaler.last_overflow()->gradients.at(0).inf_count, 1);
+  EXPECT_TRUE(scaler.overflowed(p.optimizer));
+  EXPECT_EQ(scaler.last_overflow()->optimizers, 1) << "read once";
+  EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+}
+
+TEST(ParameterNames, AreHeldWeakly) {
+  GradScaler scaler;
+  {
+    Model gone;
+    scaler.set_parameter_names(gone.net->named_parameters(), "old.");
+  }
+  Model m;  // may reuse addresses: the old names must not show
+  scaler.set_parameter_names(torch::OrderedDict<std::string, torch::Tensor>());
+  torch::optim::SGD opt(m.net->parameters(), torch::optim::SGDOptions(0.1));
+  m.param("0.bias").mutable_grad() = torch::full({3}, kFNaN);
+  scaler.step(opt);
+  EXPECT_EQ(scaler.last_overflow()->gradients.at(0).name, "");
+  scaler.set_parameter_name(m.param("0.bias"), "encoder.bias");
+  scaler.update();
+  m.param("0.bias").mutable_grad() = torch::full({3}, kFNaN);
+  scaler.step(opt);
+  EXPECT_EQ(scaler.last_overflow()->gradients.at(0).name, "encoder.bias");
+  EXPECT_TRUE(fault_test::ThrowsValueError("undefined", [&] {
+    scaler.set_parameter_name(torch::Tensor(), "x");
+  }));
+}
+
+// ---------------------------------------------------------------------------------------
+// Counters.
+
+TEST(Counters, CountStepsUpdatesBackoffsAndGrowths) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2));
+  OneParam p;
+  const std::vector<bool> overflows = {false, false, true, true, false, false, false};
+  for (bool o : overflows) {
+    fault_test::iterate(scaler, p, o);
+  }
+  const ScalerCounters c = scaler.counters();
+  EXPECT_EQ(c.steps_taken, 5);
+  EXPECT_EQ(c.steps_skipped, 2);
+  EXPECT_EQ(c.updates, 7);
+  EXPECT_EQ(c.overflow_updates, 2);
+  EXPECT_EQ(c.backoffs, 2);
+  EXPECT_EQ(c.growths, 2);
+  EXPECT_EQ(c.overflow_streak, 0);
+  scaler.update(4.0);  // counts as an update, changes no schedule counter
+  EXPECT_EQ(scaler.counters().updates, 8);
+  EXPECT_EQ(scaler.counters().growths, 2);
+}
+
+TEST(Counters, StreakRisesWhileEveryStepIsSkipped) {
+  GradScaler scaler;
+  OneParam p;
+  for (int i = 1; i <= 5; ++i) {
+    fault_test::iterate(scaler, p, true);
+    EXPECT_EQ(scaler.counters().overflow_streak, i);
+  }
+  fault_test::iterate(scaler, p, false);
+  EXPECT_EQ(scaler.counters().overflow_streak, 0);
+}
+
+TEST(Counters, AnUnscaleOnlyOptimizerIsCountedWhenAsked) {
+  // Its flag was never read by step(); counters() reads it (NOTE: [Diagnostics without
+  // host synchronisation]).
+  GradScaler scaler(GradScalerOptions().growth_interval(3));
+  OneParam p;
+  const std::vector<bool> overflows = {true, false, false, false, true, false};
+  for (bool o : overflows) {
+    if (o) {
+      p.inf_grad();
+    } else {
+      p.clean_grad();
+    }
+    scaler.unscale_(p.optimizer);
+    scaler.update();
+  }
+  const ScalerCounters c = scaler.counters();
+  EXPECT_EQ(c.steps_taken + c.steps_skipped, 0);
+  EXPECT_EQ(c.updates, 6);
+  EXPECT_EQ(c.overflow_updates, 2);
+  EXPECT_EQ(c.backoffs, 2);
+  EXPECT_EQ(c.growths, 1);
+  EXPECT_EQ(c.overflow_streak, 0);
+  EXPECT_EQ(scaler.get_scale(), 65536.0 / 2 * 2 / 2);
+}
+
+TEST(Counters, ManyUnreadUpdatesStayExact) {
+  GradScaler scaler(GradScalerOptions().growth_interval(7));
+  OneParam p;
+  int64_t overflows = 0;
+  for (int i = 0; i < 2600; ++i) {  // more than the queue bound (1024)
+    const bool o = i % 13 == 5;
+    overflows += o;
+    if (o) {
+      p.inf_grad();
+    } else {
+      p.clean_grad();
+    }
+    scaler.unscale_(p.optimizer);
+    if (i % 2 == 0) {
+      scaler.step(p.optimizer);  // mixes read and unread updates
+    }
+    scaler.update();
+  }
+  const ScalerCounters c = scaler.counters();
+  EXPECT_EQ(c.updates, 2600);
+  EXPECT_EQ(c.overflow_updates, overflows);
+  EXPECT_EQ(c.backoffs, overflows);
+  // Between overflows there are 12 clean updates: one growth each (interval 7), plus the
+  // run before the first overflow (5 clean: none) and after the last.
+  int64_t growths = 0;
+  int run = 0;
+  for (int i = 0; i < 2600; ++i) {
+    if (i % 13 == 5) {
+      run = 0;
+    } else if (++run == 7) {
+      ++growths;
+      run = 0;
+    }
+  }
+  EXPECT_EQ(c.growths, growths);
+}
+
+TEST(Counters, DisabledScalerCountsNothing) {
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  OneParam p;
+  p.inf_grad();
+  scaler.step(p.optimizer);
+  scaler.update();
+  const ScalerCounters c = scaler.counters();
+  EXPECT_EQ(c.steps_taken + c.steps_skipped + c.updates, 0);
+  EXPECT_FALSE(scaler.step_skipped(p.optimizer));
+  EXPECT_FALSE(scaler.last_overflow().has_value());
+  EXPECT_FALSE(scaler.overflowed(p.optimizer));
+}
+
+// ---------------------------------------------------------------------------------------
+// step_skipped: what a training loop or LR scheduler asks.
+
+TEST(StepSkipped, AnswersPerOptimizerAndSurvivesUpdate) {
+  GradScaler scaler;
+  OneParam a, b;
+  EXPECT_FALSE(scaler.step_skipped(a.optimizer)) << "never stepped";
+  a.inf_grad();
+  b.clean_grad();
+  scaler.step(a.optimizer);
+  scaler.step(b.optimizer);
+  EXPECT_TRUE(scaler.step_skipped(a.optimizer));
+  EXPECT_FALSE(scaler.step_skipped(b.optimizer));
+  scaler.update();
+  EXPECT_TRUE(scaler.step_skipped(a.optimizer)) << "still answers after update()";
+  a.clean_grad();
+  scaler.step(a.optimizer);
+  EXPECT_FALSE(scaler.step_skipped(a.optimizer));
+}
+
+TEST(StepSkipped, KeepsAnLrSchedulerInStepWithTheOptimizer) {
+  GradScaler scaler;
+  OneParam p(4, 1.0);
+  torch::optim::StepLR scheduler(p.optimizer, /*step_size=*/1, /*gamma=*/0.5);
+  const std::vector<bool> overflows = {false, true, true, false};
+  for (bool o : overflows) {
+    fault_test::iterate(scaler, p, o);
+    if (!scaler.step_skipped(p.optimizer)) {
+      scheduler.step();
+    }
+  }
+  EXPECT_EQ(p.optimizer.param_groups()[0].options().get_lr(), 0.25);  // two real steps
+}
+
+// ---------------------------------------------------------------------------------------
+// Backoff callback.
+
+TEST(BackoffCallback, CalledOncePerBackoffWithTheScalesAndTheReport) {
+  GradScaler scaler(GradScalerOptions().init_scale(64).growth_interval(2).hysteresis(2));
+  std::vector<BackoffEvent> events;
+  std::vector<std::string> reports;
+  scaler.set_backoff_callback([&](const BackoffEvent& e) {
+    events.push_back(e);
+    reports.push_back(e.report != nullptr ? e.report->to_string() : "");
+  });
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  scaler.set_parameter_names(model->named_parameters());
+  const auto iteration = [&](bool overflow) {
+    model->weight.mutable_grad() = torch::full({1, 2}, overflow ? kFInf : 1.0f);
+    model->bias.mutable_grad() = torch::ones({1});
+    scaler.step(opt);
+    scaler.update();
+  };
+  iteration(true);   // absorbed: no call
+  EXPECT_TRUE(events.empty());
+  iteration(true);   // backoff 64 -> 32
+  iteration(true);   // backoff 32 -> 16
+  iteration(false);
+  iteration(false);  // growth: no call
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].iteration, 1);
+  EXPECT_EQ(events[0].old_scale, 64.0);
+  EXPECT_EQ(events[0].new_scale, 32.0);
+  EXPECT_EQ(events[0].overflow_streak, 2);
+  EXPECT_EQ(events[1].old_scale, 32.0);
+  EXPECT_EQ(events[1].new_scale, 16.0);
+  EXPECT_EQ(events[1].overflow_streak, 3);
+  EXPECT_NE(reports[1].find("'weight'"), std::string::npos) << reports[1];
+  EXPECT_EQ(scaler.get_scale(), 32.0);
+
+  scaler.set_backoff_callback(nullptr);
+  iteration(true);
+  iteration(true);
+  EXPECT_EQ(events.size(), 2u);
+}
+
+TEST(BackoffCallback, SeesAnUnscaleOnlyOptimizer) {
+  GradScaler scaler(GradScalerOptions().init_scale(8));
+  int calls = 0;
+  scaler.set_backoff_callback([&](const BackoffEvent& e) {
+    ++calls;
+    ASSERT_NE(e.report, nullptr);
+    EXPECT_EQ(e.report->gradients.size(), 1u);
+  });
+  OneParam p;
+  p.inf_grad();
+  scaler.unscale_(p.optimizer);
+  scaler.update();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+TEST(BackoffCallback, AThrowingCallbackLeavesTheUpdateApplied) {
+  GradScaler scaler(GradScalerOptions().init_scale(8));
+  scaler.set_backoff_callback([](const BackoffEvent&) { TORCH_CHECK(false, "stop training"); });
+  OneParam p;
+  p.inf_grad();
+  scaler.step(p.optimizer);
+  EXPECT_TRUE(fault_test::ThrowsError("stop training", [&] { scaler.update(); }));
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.stage(p.optimizer), lucid::amp::OptimizerStage::kReady);
+  EXPECT_EQ(scaler.counters().backoffs, 1);
+}
+
+}  // namespace

@@ -1,0 +1,436 @@
+// Guards (all off by default): min_scale, max_scale, hysteresis; their validation, their
+// schedule on every backend, and that the defaults change nothing.
+
+#include "fault_test_util.h"
+
+#include "amp/kernel_routing.h"
+#include "cpu/amp_kernels.h"
+#include "generic/amp_ops.h"
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace {
+
+using fault_test::Observed;
+using fault_test::OneParam;
+using fault_test::ThrowsError;
+using fault_test::ThrowsValueError;
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+using lucid::amp::OptimizerStage;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---------------------------------------------------------------------------------------
+// Options.
+
+TEST(GuardOptions, DefaultsAreOff) {
+  const GradScalerOptions o;
+  EXPECT_EQ(o.min_scale(), 0.0);
+  EXPECT_EQ(o.max_scale(), kInf);
+  EXPECT_EQ(o.hysteresis(), 1);
+}
+
+TEST(GuardOptions, AreChainable) {
+  const auto o = GradScalerOptions().min_scale(1.0).max_scale(1e6).hysteresis(3);
+  EXPECT_EQ(o.min_scale(), 1.0);
+  EXPECT_EQ(o.max_scale(), 1e6);
+  EXPECT_EQ(o.hysteresis(), 3);
+}
+
+TEST(GuardOptions, MinScaleMustBeFiniteAndNonNegative) {
+  for (const double bad : {-1.0, -1e-30, kInf, -kInf, kNaN}) {
+    EXPECT_TRUE(ThrowsValueError("min_scale", [&] { GradScaler(GradScalerOptions().min_scale(bad)); }))
+        << bad;
+  }
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().min_scale(0.0)));
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().min_scale(1e-30)));
+}
+
+TEST(GuardOptions, MaxScaleMustBePositiveAndFitFloat32OrBeInfinite) {
+  for (const double bad : {0.0, -0.0, -1.0, -kInf, kNaN, 1e39, 1e300, 1e-50}) {
+    EXPECT_TRUE(ThrowsValueError("max_scale", [&] { GradScaler(GradScalerOptions().max_scale(bad)); }))
+        << bad;
+  }
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().max_scale(kInf)));
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().max_scale(FLT_MAX)));
+}
+
+TEST(GuardOptions, HysteresisMustBeInInt32Range) {
+  for (const int64_t bad : {int64_t{0}, int64_t{-1}, int64_t{1} << 31,
+                            std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    EXPECT_TRUE(ThrowsValueError("hysteresis", [&] { GradScaler(GradScalerOptions().hysteresis(bad)); }))
+        << bad;
+  }
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().hysteresis(2147483647)));
+}
+
+TEST(GuardOptions, MinAboveMaxIsRefused) {
+  EXPECT_TRUE(ThrowsValueError("above max_scale", [] {
+    GradScaler(GradScalerOptions().init_scale(10).min_scale(100).max_scale(50));
+  }));
+}
+
+TEST(GuardOptions, InitScaleMustLieBetweenTheGuards) {
+  EXPECT_TRUE(ThrowsValueError("init_scale", [] {
+    GradScaler(GradScalerOptions().init_scale(4.0).min_scale(8.0));
+  }));
+  EXPECT_TRUE(ThrowsValueError("init_scale", [] {
+    GradScaler(GradScalerOptions().init_scale(65536.0).max_scale(1024.0));
+  }));
+  EXPECT_NO_THROW(GradScaler(GradScalerOptions().init_scale(8.0).min_scale(8.0).max_scale(8.0)));
+}
+
+TEST(GuardOptions, DisabledScalerStillValidatesGuards) {
+  EXPECT_TRUE(ThrowsValueError("hysteresis", [] {
+    GradScaler(GradScalerOptions().enabled(false).hysteresis(0));
+  }));
+}
+
+// ---------------------------------------------------------------------------------------
+// Defaults change nothing: the same random run with guards explicitly off.
+
+TEST(GuardDefaults, GuardsOffFollowTheSeedScheduleExactly) {
+  for (const bool generic : {false, true}) {
+    std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
+    if (generic) {
+      force = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+    GradScaler plain(GradScalerOptions().init_scale(1024).growth_interval(3));
+    GradScaler off(
+        GradScalerOptions().init_scale(1024).growth_interval(3).min_scale(0).max_scale(kInf).hysteresis(1));
+    OneParam a, b;
+    std::mt19937 rng(7);
+    for (int i = 0; i < 200; ++i) {
+      const bool overflow = rng() % 4 == 0;
+      fault_test::iterate(plain, a, overflow);
+      fault_test::iterate(off, b, overflow);
+      ASSERT_EQ(plain.state_dict(), off.state_dict()) << "iteration " << i;
+    }
+    EXPECT_EQ(plain.state_dict().size(), 5u);
+    EXPECT_TRUE(torch::equal(a.param, b.param));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// max_scale.
+
+class GuardBackends : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      force_ = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+  }
+  std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force_;
+};
+
+INSTANTIATE_TEST_SUITE_P(, GuardBackends, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Generic" : "Routed"; });
+
+TEST_P(GuardBackends, MaxScaleCapsGrowth) {
+  GradScaler scaler(GradScalerOptions().init_scale(256).growth_interval(1).max_scale(1000));
+  scaler.scale(torch::ones({}));  // the tensors exist: the device path
+  OneParam p;
+  const std::vector<double> want = {512, 1000, 1000, 1000};
+  for (double w : want) {
+    fault_test::iterate(scaler, p, false);
+    EXPECT_EQ(scaler.get_scale(), w);
+  }
+  EXPECT_EQ(scaler.counters().growths, 4);  // reaching the interval counts, capped or not
+  fault_test::iterate(scaler, p, true);
+  EXPECT_EQ(scaler.get_scale(), 500.0);
+  fault_test::iterate(scaler, p, false);
+  EXPECT_EQ(scaler.get_scale(), 1000.0);
+}
+
+TEST(GuardMaxScale, CapsGrowthBeforeTheTensorsExist) {
+  GradScaler scaler(GradScalerOptions().init_scale(256).growth_interval(1).max_scale(300));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 300.0);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 300.0);
+}
+
+TEST(GuardMaxScale, AtFloat32MaxTheScaleStays) {
+  GradScaler scaler(GradScalerOptions().init_scale(FLT_MAX / 1.5).growth_interval(1).max_scale(FLT_MAX));
+  scaler.scale(torch::ones({}));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), static_cast<double>(FLT_MAX / 1.5f));  // the seed's rule: kept
+}
+
+TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
+  GradScaler scaler(GradScalerOptions().init_scale(256).max_scale(1000));
+  EXPECT_TRUE(ThrowsValueError("max_scale", [&] { scaler.update(2000.0); }));
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+  auto state = scaler.state_dict();
+  EXPECT_EQ(state.at("max_scale"), 1000.0);
+  state["scale"] = 4096;
+  EXPECT_TRUE(ThrowsValueError("max_scale", [&] { scaler.load_state_dict(state); }));
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hysteresis.
+
+TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2).hysteresis(3));
+  scaler.scale(torch::ones({}));
+  OneParam p;
+  const auto run = [&](bool overflow) {
+    if (overflow) {
+      p.inf_grad();
+    } else {
+      p.clean_grad();
+    }
+    const bool stepped = scaler.step(p.optimizer).has_value();
+    EXPECT_EQ(stepped, !overflow) << "an overflowing step is skipped whatever the hysteresis";
+    scaler.update();
+    return scaler.get_scale();
+  };
+  EXPECT_EQ(run(true), 1024.0);  // absorbed (1 of 3)
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 1.0);
+  EXPECT_EQ(run(true), 1024.0);  // absorbed (2 of 3)
+  EXPECT_EQ(run(true), 512.0);   // third consecutive: back off
+  EXPECT_EQ(run(true), 256.0);   // and each further consecutive one
+  EXPECT_EQ(run(false), 256.0);  // clean: the count starts again
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 0.0);
+  EXPECT_EQ(run(true), 256.0);   // absorbed, and the growth tracker was reset
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  EXPECT_EQ(run(false), 256.0);
+  EXPECT_EQ(run(false), 512.0);  // two clean updates: growth
+  const auto c = scaler.counters();
+  EXPECT_EQ(c.overflow_updates, 5);
+  EXPECT_EQ(c.backoffs, 2);
+  EXPECT_EQ(c.growths, 1);
+  EXPECT_EQ(c.steps_skipped, 5);
+  EXPECT_EQ(c.steps_taken, 3);
+}
+
+TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
+  GradScaler a(GradScalerOptions().init_scale(64).hysteresis(4));
+  OneParam p;
+  fault_test::iterate(a, p, true);
+  fault_test::iterate(a, p, true);
+  const auto state = a.state_dict();
+  EXPECT_EQ(state.at("hysteresis"), 4.0);
+  EXPECT_EQ(state.at("overflow_tracker"), 2.0);
+  GradScaler b;  // defaults: no hysteresis until loaded
+  b.scale(torch::ones({}));
+  b.load_state_dict(state);
+  EXPECT_EQ(b.options().hysteresis(), 4);
+  EXPECT_EQ(b.state_dict(), state);
+  OneParam q;
+  fault_test::iterate(a, p, true);  // 3rd: absorbed
+  fault_test::iterate(b, q, true);
+  EXPECT_EQ(b.state_dict(), a.state_dict());
+  fault_test::iterate(a, p, true);  // 4th: back off
+  fault_test::iterate(b, q, true);
+  EXPECT_EQ(a.get_scale(), 32.0);
+  EXPECT_EQ(b.state_dict(), a.state_dict());
+}
+
+TEST(GuardHysteresis, APyTorchMapKeepsTheScalersOwnGuards) {
+  GradScaler scaler(GradScalerOptions().hysteresis(2).min_scale(1.0).max_scale(1e6));
+  scaler.load_state_dict({{"scale", 4096.0},
+                          {"growth_factor", 2.0},
+                          {"backoff_factor", 0.5},
+                          {"growth_interval", 100.0},
+                          {"_growth_tracker", 7.0}});
+  EXPECT_EQ(scaler.options().hysteresis(), 2);
+  EXPECT_EQ(scaler.options().min_scale(), 1.0);
+  EXPECT_EQ(scaler.options().max_scale(), 1e6);
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 0.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 7.0);
+}
+
+TEST(GuardHysteresis, InvalidGuardValuesInAMapAreRefusedAndChangeNothing) {
+  struct Case {
+    const char* key;
+    double value;
+  };
+  const std::vector<Case> cases = {
+      {"min_scale", kNaN},       {"min_scale", -1.0},        {"min_scale", kInf},
+      {"min_scale", 1e9},        {"max_scale", kNaN},        {"max_scale", 0.0},
+      {"max_scale", -5.0},       {"max_scale", 1e40},        {"max_scale", 16.0},
+      {"hysteresis", 0.0},       {"hysteresis", 1.5},        {"hysteresis", kNaN},
+      {"hysteresis", 3e9},       {"overflow_tracker", 3.0},  {"overflow_tracker", -1.0},
+      {"overflow_tracker", 0.5}, {"overflow_tracker", kInf},
+  };
+  for (const bool with_tensors : {false, true}) {
+    for (const Case& c : cases) {
+      GradScaler scaler(GradScalerOptions().init_scale(1024).hysteresis(3).growth_interval(5));
+      if (with_tensors) {
+        scaler.scale(torch::ones({}));
+      }
+      OneParam p;
+      fault_test::iterate(scaler, p, true);  // overflow_tracker 1
+      const Observed before = Observed::of(scaler);
+      auto map = scaler.state_dict();
+      map["scale"] = 512.0;
+      map[c.key] = c.value;
+      EXPECT_TRUE(ThrowsValueError(std::string(c.key).substr(0, 8), [&] { scaler.load_state_dict(map); }))
+          << c.key << " = " << c.value;
+      EXPECT_EQ(Observed::of(scaler), before) << c.key << " = " << c.value;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// min_scale: divergence is an error, not an endless loop of skipped steps.
+
+TEST_P(GuardBackends, FallingBelowMinScaleThrowsAndChangesNothing) {
+  GradScaler scaler(GradScalerOptions().init_scale(4).min_scale(1));
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  scaler.set_parameter_names(model->named_parameters(), "model.");
+  scaler.scale(torch::ones({}));
+  const auto overflow_step = [&] {
+    model->weight.mutable_grad() = torch::full({1, 3}, std::numeric_limits<float>::quiet_NaN());
+    model->bias.mutable_grad() = torch::ones({1});
+    EXPECT_FALSE(scaler.step(opt).has_value());
+  };
+  overflow_step();
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+  overflow_step();
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1.0);  // == min_scale: allowed
+  overflow_step();
+  const Observed before = Observed::of(scaler);
+  const auto err = ThrowsError("the loss is diverging", [&] { scaler.update(); });
+  EXPECT_TRUE(err);
+  EXPECT_EQ(Observed::of(scaler), before);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kStepped) << "a refused update keeps the stages";
+  // The message says what happened and which tensor.
+  try {
+    scaler.update();
+    ADD_FAILURE() << "no throw";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("below min_scale 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3 consecutive"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'model.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("3 NaN"), std::string::npos) << msg;
+  }
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  EXPECT_EQ(scaler.last_overflow()->gradients.at(0).name, "model.weight");
+  // The loop can recover by setting a scale.
+  scaler.update(8.0);
+  EXPECT_EQ(scaler.get_scale(), 8.0);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+}
+
+TEST(GuardMinScale, AnUnscaleOnlyOptimizerIsReadByUpdate) {
+  GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2));
+  OneParam p;
+  p.inf_grad();
+  scaler.unscale_(p.optimizer);  // never stepped: update() must read its flag itself
+  EXPECT_TRUE(ThrowsError("diverging", [&] { scaler.update(); }));
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+  EXPECT_EQ(scaler.counters().overflow_updates, 0);
+}
+
+TEST(GuardMinScale, CleanUpdatesAndGrowthNeverThrow) {
+  GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).growth_interval(1));
+  OneParam p;
+  for (int i = 0; i < 5; ++i) {
+    fault_test::iterate(scaler, p, false);
+  }
+  EXPECT_EQ(scaler.get_scale(), 64.0);
+}
+
+TEST(GuardMinScale, HysteresisAbsorbsBeforeTheCheck) {
+  GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).hysteresis(2));
+  OneParam p;
+  fault_test::iterate(scaler, p, true);  // absorbed: no backoff, no error
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+  p.inf_grad();
+  scaler.step(p.optimizer);
+  EXPECT_TRUE(ThrowsError("diverging", [&] { scaler.update(); }));
+}
+
+TEST(GuardMinScale, ExplicitScalesBelowItAreRefused) {
+  GradScaler scaler(GradScalerOptions().init_scale(256).min_scale(16));
+  EXPECT_TRUE(ThrowsValueError("min_scale", [&] { scaler.update(8.0); }));
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+  EXPECT_NO_THROW(scaler.update(16.0));
+}
+
+TEST(GuardMinScale, WithoutTheGuardTheScaleKeepsFalling) {
+  // The seed's behaviour, unchanged: no guard, no error (the scale halves every time).
+  GradScaler scaler(GradScalerOptions().init_scale(4));
+  OneParam p;
+  for (int i = 0; i < 10; ++i) {
+    fault_test::iterate(scaler, p, true);
+  }
+  EXPECT_EQ(scaler.get_scale(), 4.0 / 1024.0);
+  EXPECT_EQ(scaler.counters().overflow_streak, 10);
+}
+
+// ---------------------------------------------------------------------------------------
+// The kernels: CPU twin, routed CPU tensors and the generic ATen ops agree.
+
+TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t interval = 1 + rng() % 4;
+    const int64_t hysteresis = 1 + rng() % 4;
+    const double max_scale = (rng() % 2) ? kInf : std::ldexp(1.0, 8 + rng() % 8);
+    lucid::amp::cpu::ScaleGuards guards;
+    guards.hysteresis = hysteresis;
+    guards.max_scale = static_cast<float>(max_scale);
+    lucid::amp::cpu::ScaleState model{256.0f, 0, 0};
+    auto make = [] {
+      return std::vector<at::Tensor>{at::full({}, 256.0f), at::zeros({}, at::kInt),
+                                     at::zeros({}, at::kInt)};
+    };
+    auto routed = make();
+    auto generic = make();
+    for (int i = 0; i < 60; ++i) {
+      const bool found = rng() % 3 == 0;
+      const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
+      model = lucid::amp::cpu::next_scale_state(model, found, 2.0, 0.5, interval, guards);
+      lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
+                                                interval, hysteresis, max_scale);
+      lucid::amp::generic::update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
+                                                 0.5, interval, hysteresis, max_scale);
+      for (const auto* t : {&routed, &generic}) {
+        ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
+        ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
+        ASSERT_EQ((*t)[2].item<int32_t>(), model.overflow_tracker) << "trial " << trial;
+      }
+    }
+  }
+}
+
+TEST(GuardKernels, GuardsOffTwinIsTheSeedRule) {
+  // next_scale_state with default guards == the original two-field rule.
+  std::mt19937 rng(3);
+  lucid::amp::cpu::ScaleState s{1000.0f, 0};
+  float scale = 1000.0f;
+  int32_t tracker = 0;
+  for (int i = 0; i < 500; ++i) {
+    const bool found = rng() % 5 == 0;
+    s = lucid::amp::cpu::next_scale_state(s, found, 1.7, 0.3, 3);
+    if (found) {
+      scale = static_cast<float>(scale * 0.3);
+      tracker = 0;
+    } else if (tracker + 1 == 3) {
+      const float grown = static_cast<float>(scale * 1.7);
+      scale = std::isfinite(grown) ? grown : scale;
+      tracker = 0;
+    } else {
+      ++tracker;
+    }
+    ASSERT_EQ(s.scale, scale);
+    ASSERT_EQ(s.growth_tracker, tracker);
+    ASSERT_EQ(s.overflow_tracker, 0);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,424 @@
+// Checkpoints: GradScaler through torch::serialize archives (exact round trip, beside a
+// model and an optimizer), PyTorch's _growth_tracker, and refusal of corrupt, truncated
+// and mismatched archives with the scaler unchanged.
+
+#include "fault_test_util.h"
+
+#include "amp/archive_format.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace {
+
+using fault_test::Observed;
+using fault_test::OneParam;
+using fault_test::ThrowsError;
+using fault_test::ThrowsValueError;
+using lucid::amp::GradScaler;
+using lucid::amp::GradScalerOptions;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string save_bytes(const GradScaler& scaler) {
+  std::ostringstream out;
+  torch::save(scaler, out);
+  return out.str();
+}
+
+void load_bytes(GradScaler& scaler, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::load(scaler, in);
+}
+
+// A scaler with guards, history and counters, mid hysteresis streak.
+GradScaler busy_scaler(bool with_tensors = true) {
+  GradScaler s(GradScalerOptions()
+                   .init_scale(4096)
+                   .growth_factor(4)
+                   .backoff_factor(0.25)
+                   .growth_interval(3)
+                   .hysteresis(3)
+                   .min_scale(1.0 / 1024)
+                   .max_scale(1 << 20));
+  if (with_tensors) {
+    s.scale(torch::ones({}));
+  }
+  OneParam p;
+  for (bool o : {true, true, true, false, false, false, false, true}) {
+    fault_test::iterate(s, p, o);
+  }
+  return s;
+}
+
+TEST(Checkpoint, RoundTripIsExactAndTheScheduleContinuesIdentically) {
+  for (const bool source_tensors : {false, true}) {
+    for (const bool target_tensors : {false, true}) {
+      GradScaler source = busy_scaler(source_tensors);
+      const std::string bytes = save_bytes(source);
+      GradScaler target;
+      if (target_tensors) {
+        target.scale(torch::ones({}));
+      }
+      load_bytes(target, bytes);
+      EXPECT_EQ(Observed::of(target), Observed::of(source)) << Observed::of(target).str();
+      EXPECT_EQ(target.options().growth_factor(), 4.0);
+      EXPECT_EQ(target.options().growth_interval(), 3);
+      OneParam a, b;
+      for (bool o : {true, true, false, false, false, true, true, true, false}) {
+        fault_test::iterate(source, a, o);
+        fault_test::iterate(target, b, o);
+        ASSERT_EQ(Observed::of(target), Observed::of(source)) << Observed::of(target).str();
+      }
+      EXPECT_EQ(save_bytes(target).size(), save_bytes(source).size());
+    }
+  }
+}
+
+TEST(Checkpoint, ThroughAFileWithTorchSaveAndLoad) {
+  const std::string path = ::testing::TempDir() + "lucid_amp_scaler.pt";
+  GradScaler source = busy_scaler();
+  torch::save(source, path);
+  GradScaler target;
+  torch::load(target, path);
+  EXPECT_EQ(Observed::of(target), Observed::of(source));
+  std::remove(path.c_str());
+}
+
+TEST(Checkpoint, SharesOneArchiveWithAModelAndAnOptimizer) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  GradScaler scaler = busy_scaler();
+  {  // one Adam step so the optimizer has state
+    model->forward(torch::ones({1, 3})).sum().backward();
+    opt.step();
+  }
+  torch::serialize::OutputArchive archive;
+  model->save(archive);
+  torch::serialize::OutputArchive opt_archive;
+  opt.save(opt_archive);
+  archive.write("optimizer", opt_archive);
+  scaler.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+
+  torch::nn::Linear model2(3, 2);
+  torch::optim::Adam opt2(model2->parameters(), torch::optim::AdamOptions(1e-3));
+  GradScaler scaler2;
+  std::istringstream in(out.str());
+  torch::serialize::InputArchive input;
+  input.load_from(in);
+  model2->load(input);
+  torch::serialize::InputArchive opt_input;
+  input.read("optimizer", opt_input);
+  opt2.load(opt_input);
+  scaler2.load(input);
+  EXPECT_TRUE(torch::equal(model2->weight, model->weight));
+  EXPECT_EQ(Observed::of(scaler2), Observed::of(scaler));
+}
+
+TEST(Checkpoint, DisabledScalers) {
+  GradScaler disabled(GradScalerOptions().enabled(false));
+  const std::string disabled_bytes = save_bytes(disabled);
+  GradScaler enabled = busy_scaler();
+  const Observed before = Observed::of(enabled);
+  EXPECT_TRUE(ThrowsValueError("disabled GradScaler", [&] { load_bytes(enabled, disabled_bytes); }));
+  EXPECT_EQ(Observed::of(enabled), before);
+  // An enabled scaler's archive is checked, then ignored, by a disabled scaler.
+  EXPECT_NO_THROW(load_bytes(disabled, save_bytes(enabled)));
+  EXPECT_EQ(disabled.get_scale(), 1.0);
+  EXPECT_NO_THROW(load_bytes(disabled, disabled_bytes));
+}
+
+// ---------------------------------------------------------------------------------------
+// Refusals. Each leaves the scaler exactly as it was.
+
+struct Refusal : ::testing::Test {
+  GradScaler scaler = busy_scaler();
+  Observed before = Observed::of(scaler);
+  void expect_unchanged() { EXPECT_EQ(Observed::of(scaler), before) << Observed::of(scaler).str(); }
+};
+
+TEST_F(Refusal, AnArchiveWithoutAScaler) {
+  torch::nn::Linear model(2, 2);
+  std::ostringstream out;
+  torch::save(model, out);
+  EXPECT_TRUE(ThrowsError("holds no lucid-amp GradScaler", [&] { load_bytes(scaler, out.str()); }));
+  expect_unchanged();
+}
+
+TEST_F(Refusal, EveryTruncation) {
+  const std::string bytes = save_bytes(busy_scaler());
+  int refused = 0;
+  for (size_t n = 0; n < bytes.size(); n += (n < 64 || bytes.size() - n < 64) ? 1 : 37) {
+    try {
+      load_bytes(scaler, bytes.substr(0, n));
+      ADD_FAILURE() << "a truncation to " << n << " of " << bytes.size() << " bytes loaded";
+    } catch (const c10::Error&) {
+      ++refused;
+    }
+    ASSERT_EQ(Observed::of(scaler), before) << "truncated to " << n;
+  }
+  EXPECT_GT(refused, 100);
+}
+
+TEST_F(Refusal, EverySingleByteCorruptionIsRefusedOrHarmless) {
+  // Flip one byte at a time: the archive is refused (c10::Error), or the flip hit bytes
+  // that do not matter and the loaded scaler equals the saved one. Never a wrong state.
+  GradScaler source = busy_scaler();
+  source.update(2048.0);  // differs from `scaler`, so a load shows
+  const Observed saved = Observed::of(source);
+  const std::string bytes = save_bytes(source);
+  int refused = 0, harmless = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+    GradScaler target = busy_scaler();
+    try {
+      load_bytes(target, bad);
+      ++harmless;
+      ASSERT_EQ(Observed::of(target), saved) << "byte " << i << " loaded a different state";
+    } catch (const c10::Error&) {
+      ++refused;
+      ASSERT_EQ(Observed::of(target), before) << "byte " << i << " changed a refusing scaler";
+    }
+  }
+  RecordProperty("archive_bytes", static_cast<int>(bytes.size()));
+  RecordProperty("refused", refused);
+  RecordProperty("harmless", harmless);
+  EXPECT_GT(refused, 0);
+}
+
+// Builds an archive holding a GradScaler entry with the given IValues (in
+// archive_fields() order, then format_version and checksum as given or computed).
+struct Crafted {
+  std::vector<c10::IValue> values;
+  int64_t version = lucid::amp::kGradScalerArchiveVersion;
+  std::optional<int64_t> checksum;  // nullopt: the right one
+  std::vector<std::string> drop;
+
+  static Crafted of(const GradScaler& s) {
+    // Read a real archive's values back.
+    std::istringstream in(save_bytes(s));
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    torch::serialize::InputArchive child;
+    archive.read(lucid::amp::kGradScalerArchiveKey, child);
+    Crafted c;
+    for (const auto& f : lucid::amp::detail::archive_fields()) {
+      c10::IValue v;
+      child.read(f.key, v);
+      c.values.push_back(v);
+    }
+    return c;
+  }
+  c10::IValue& at(const std::string& key) {
+    const auto& fields = lucid::amp::detail::archive_fields();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (key == fields[i].key) {
+        return values[i];
+      }
+    }
+    throw std::runtime_error("no field " + key);
+  }
+  std::string bytes() const {
+    torch::serialize::OutputArchive archive;
+    torch::serialize::OutputArchive child(archive.compilation_unit());
+    const auto keep = [&](const std::string& k) {
+      return std::find(drop.begin(), drop.end(), k) == drop.end();
+    };
+    if (keep("format_version")) {
+      child.write("format_version", c10::IValue(version));
+    }
+    const auto& fields = lucid::amp::detail::archive_fields();
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (keep(fields[i].key)) {
+        child.write(fields[i].key, values[i]);
+      }
+    }
+    if (keep("checksum")) {
+      const int64_t sum = checksum.has_value()
+                              ? *checksum
+                              : static_cast<int64_t>(lucid::amp::detail::archive_checksum(version, values));
+      child.write("checksum", c10::IValue(sum));
+    }
+    archive.write(lucid::amp::kGradScalerArchiveKey, child);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  }
+};
+
+TEST_F(Refusal, CraftedArchiveIsLoadedWhenValid) {
+  // Guards the refusal tests below: the crafted form of a real archive loads.
+  GradScaler source = busy_scaler();
+  source.update(2048.0);
+  load_bytes(scaler, Crafted::of(source).bytes());
+  EXPECT_EQ(Observed::of(scaler), Observed::of(source));
+}
+
+TEST_F(Refusal, AnUnknownFormatVersion) {
+  for (const int64_t v : {int64_t{0}, int64_t{2}, int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+    Crafted c = Crafted::of(scaler);
+    c.version = v;
+    EXPECT_TRUE(ThrowsError("format version", [&] { load_bytes(scaler, c.bytes()); })) << v;
+    expect_unchanged();
+  }
+}
+
+TEST_F(Refusal, EachMissingEntry) {
+  std::vector<std::string> keys = {"format_version", "checksum"};
+  for (const auto& f : lucid::amp::detail::archive_fields()) {
+    keys.push_back(f.key);
+  }
+  for (const auto& key : keys) {
+    Crafted c = Crafted::of(scaler);
+    c.drop = {key};
+    EXPECT_TRUE(ThrowsError(key, [&] { load_bytes(scaler, c.bytes()); })) << key;
+    expect_unchanged();
+  }
+}
+
+TEST_F(Refusal, EachEntryOfTheWrongType) {
+  for (const auto& f : lucid::amp::detail::archive_fields()) {
+    for (const c10::IValue& wrong :
+         {c10::IValue(int64_t{1}), c10::IValue(1.0), c10::IValue(true), c10::IValue("one"),
+          c10::IValue(torch::ones({}))}) {
+      Crafted c = Crafted::of(scaler);
+      const std::string was = c.at(f.key).tagKind();
+      if (wrong.tagKind() == was) {
+        continue;
+      }
+      c.at(f.key) = wrong;
+      EXPECT_TRUE(ThrowsError(f.key, [&] { load_bytes(scaler, c.bytes()); }))
+          << f.key << " as " << wrong.tagKind();
+      expect_unchanged();
+    }
+  }
+}
+
+TEST_F(Refusal, AChecksumMismatch) {
+  Crafted c = Crafted::of(scaler);
+  const int64_t right = static_cast<int64_t>(lucid::amp::detail::archive_checksum(c.version, c.values));
+  c.at("scale") = c10::IValue(8.0);  // plausible value, but not what was saved
+  c.checksum = right;
+  EXPECT_TRUE(ThrowsError("checksum mismatch", [&] { load_bytes(scaler, c.bytes()); }));
+  expect_unchanged();
+}
+
+TEST_F(Refusal, ValidChecksumAroundInvalidValues) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    const char* key;
+    c10::IValue value;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"scale", c10::IValue(nan), "scale"},
+      {"scale", c10::IValue(-1.0), "scale"},
+      {"scale", c10::IValue(kInf), "scale"},
+      {"scale", c10::IValue(1e300), "scale"},
+      {"scale", c10::IValue(0.1), "not a float32"},
+      {"scale", c10::IValue(std::ldexp(1.0, -11)), "min_scale"},
+      {"growth_factor", c10::IValue(1.0), "growth_factor"},
+      {"growth_factor", c10::IValue(nan), "growth_factor"},
+      {"backoff_factor", c10::IValue(1.0), "backoff_factor"},
+      {"backoff_factor", c10::IValue(-0.5), "backoff_factor"},
+      {"growth_interval", c10::IValue(int64_t{0}), "growth_interval"},
+      {"growth_interval", c10::IValue(int64_t{1} << 40), "growth_interval"},
+      {"growth_tracker", c10::IValue(int64_t{3}), "growth_tracker"},
+      {"growth_tracker", c10::IValue(int64_t{-1}), "growth_tracker"},
+      {"min_scale", c10::IValue(-1.0), "min_scale"},
+      {"min_scale", c10::IValue(kInf), "min_scale"},
+      {"max_scale", c10::IValue(0.0), "max_scale"},
+      {"max_scale", c10::IValue(1.0), "max_scale"},
+      {"max_scale", c10::IValue(nan), "max_scale"},
+      {"hysteresis", c10::IValue(int64_t{0}), "hysteresis"},
+      {"hysteresis", c10::IValue(std::numeric_limits<int64_t>::max()), "hysteresis"},
+      {"overflow_tracker", c10::IValue(int64_t{3}), "overflow_tracker"},
+      {"overflow_tracker", c10::IValue(int64_t{-7}), "overflow_tracker"},
+      {"steps_taken", c10::IValue(int64_t{-1}), "negative"},
+      {"backoffs", c10::IValue(int64_t{1000}), "contradict"},
+      {"overflow_streak", c10::IValue(int64_t{1000}), "contradict"},
+      {"updates", c10::IValue(int64_t{0}), "contradict"},
+  };
+  for (const Case& k : cases) {
+    Crafted c = Crafted::of(scaler);
+    c.at(k.key) = k.value;
+    EXPECT_TRUE(ThrowsValueError(k.needle, [&] { load_bytes(scaler, c.bytes()); }))
+        << k.key << " = " << k.value;
+    expect_unchanged();
+  }
+}
+
+TEST_F(Refusal, GarbageBytes) {
+  std::mt19937 rng(5);
+  for (int i = 0; i < 50; ++i) {
+    std::string bytes(1 + rng() % 600, '\0');
+    for (auto& b : bytes) {
+      b = static_cast<char>(rng());
+    }
+    if (i % 2 == 0) {
+      bytes.replace(0, 4, "PK\x03\x04", 4);  // looks like a zip
+    }
+    EXPECT_THROW(load_bytes(scaler, bytes), c10::Error);
+    expect_unchanged();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// state_dict: PyTorch's key and guard keys.
+
+TEST(StateDictCompat, AcceptsPyTorchsUnderscoreGrowthTracker) {
+  // What torch.amp.GradScaler.state_dict() returns in Python, carried over as doubles.
+  const std::map<std::string, double> from_python = {{"scale", 32768.0},
+                                                     {"growth_factor", 2.0},
+                                                     {"backoff_factor", 0.5},
+                                                     {"growth_interval", 2000.0},
+                                                     {"_growth_tracker", 117.0}};
+  GradScaler scaler;
+  scaler.load_state_dict(from_python);
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 117.0);
+  EXPECT_EQ(scaler.state_dict().count("_growth_tracker"), 0u);
+}
+
+TEST(StateDictCompat, BothTrackerKeysMustAgree) {
+  GradScaler scaler;
+  auto state = scaler.state_dict();
+  state["_growth_tracker"] = state["growth_tracker"];
+  EXPECT_NO_THROW(scaler.load_state_dict(state));
+  state["_growth_tracker"] = 5;
+  const auto before = scaler.state_dict();
+  EXPECT_TRUE(ThrowsValueError("disagree", [&] { scaler.load_state_dict(state); }));
+  EXPECT_EQ(scaler.state_dict(), before);
+}
+
+TEST(StateDictCompat, GuardKeysOnlyWhereAGuardIsOn) {
+  EXPECT_EQ(GradScaler().state_dict().size(), 5u);
+  EXPECT_EQ(GradScaler(GradScalerOptions().min_scale(1)).state_dict().count("min_scale"), 1u);
+  EXPECT_EQ(GradScaler(GradScalerOptions().max_scale(1e6)).state_dict().count("max_scale"), 1u);
+  const auto h = GradScaler(GradScalerOptions().hysteresis(2)).state_dict();
+  EXPECT_EQ(h.count("hysteresis") + h.count("overflow_tracker"), 2u);
+  EXPECT_EQ(h.size(), 7u);
+}
+
+TEST(StateDictCompat, ExtremeValuesRoundTrip) {
+  for (const double scale : {1e-38, 1.401298464324817e-45, 3.4028234663852886e+38, 1.0}) {
+    GradScaler scaler;
+    auto state = scaler.state_dict();
+    state["scale"] = scale;
+    state["growth_interval"] = 2147483647.0;
+    state["growth_tracker"] = 2147483646.0;
+    scaler.load_state_dict(state);
+    EXPECT_EQ(scaler.state_dict(), state);
+    GradScaler copy;
+    load_bytes(copy, save_bytes(scaler));
+    EXPECT_EQ(copy.state_dict(), state);
+  }
+}
+
+}  // namespace
