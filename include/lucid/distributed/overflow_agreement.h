@@ -21,7 +21,8 @@ namespace distributed {
 /// Options of an OverflowAgreement; validated once, by its constructor.
 struct OverflowAgreementOptions {
   /// How long a rank waits for the all-reduce before it gives up with a c10::Error that
-  /// names the rank (a peer died, or stopped calling step()): > 0.
+  /// names the rank (a peer died, or stopped calling step()): > 0. The agreement comes
+  /// right after the gradient collective, so healthy peers are at most one unscale apart.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::seconds(60);
   /// Graph-safe mode: a flag on an accelerator is only ordered on the current stream
   /// after the all-reduce (no host wait, nothing read back), so the agreement can be
