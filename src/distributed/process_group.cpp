@@ -1,7 +1,7 @@
 // Store and process-group factories: argument checks, the backend's own constructors,
 // and errors that say which rank waited for what. Version differences go through
 // compat/c10d_compat.h; Gloo and NCCL are compiled only where their headers exist
-// (USE_C10D_GLOO / USE_C10D_NCCL, set by CMakeLists.txt).
+// (LUCID_AMP_HAS_GLOO / LUCID_AMP_HAS_NCCL, set by CMakeLists.txt; see c10d_compat.h).
 
 #include <lucid/distributed/process_group.h>
 
@@ -10,10 +10,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef USE_C10D_GLOO
+#ifdef LUCID_AMP_HAS_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef USE_C10D_NCCL
+#ifdef LUCID_AMP_HAS_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -93,7 +93,7 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, uint16_t
 }
 
 bool has_gloo() {
-#ifdef USE_C10D_GLOO
+#ifdef LUCID_AMP_HAS_GLOO
   return true;
 #else
   return false;
@@ -101,7 +101,7 @@ bool has_gloo() {
 }
 
 bool has_nccl() {
-#ifdef USE_C10D_NCCL
+#ifdef LUCID_AMP_HAS_NCCL
   return true;
 #else
   return false;
@@ -112,7 +112,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<
                                                        int rank, int world_size,
                                                        GroupOptions options) {
   check_rank("make_gloo_group", store, rank, world_size, options.timeout());
-#ifdef USE_C10D_GLOO
+#ifdef LUCID_AMP_HAS_GLOO
   try {
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
     gloo_options->devices.push_back(
@@ -142,7 +142,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(const c10::intrusive_ptr<
                                                        int rank, int world_size,
                                                        GroupOptions options) {
   check_rank("make_nccl_group", store, rank, world_size, options.timeout());
-#ifdef USE_C10D_NCCL
+#ifdef LUCID_AMP_HAS_NCCL
   try {
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout();  // the watchdog's bound on every collective
