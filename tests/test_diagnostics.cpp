@@ -330,14 +330,25 @@ TEST(StepSkipped, KeepsAnLrSchedulerInStepWithTheOptimizer) {
   GradScaler scaler;
   OneParam p(4, 1.0);
   torch::optim::StepLR scheduler(p.optimizer, /*step_size=*/1, /*gamma=*/0.5);
-  const std::vector<bool> overflows = {false, true, true, false};
+  const std::vector<bool> overflows = {false, true, true, false, false};
+  int real_steps = 0;
   for (bool o : overflows) {
     fault_test::iterate(scaler, p, o);
     if (!scaler.step_skipped(p.optimizer)) {
       scheduler.step();
+      ++real_steps;
     }
   }
-  EXPECT_EQ(p.optimizer.param_groups()[0].options().get_lr(), 0.25);  // two real steps
+  EXPECT_EQ(real_steps, 3);
+  // The same schedule as a run that only ever took those three steps.
+  OneParam control(4, 1.0);
+  torch::optim::StepLR control_scheduler(control.optimizer, 1, 0.5);
+  for (int i = 0; i < 3; ++i) {
+    control_scheduler.step();
+  }
+  EXPECT_EQ(p.optimizer.param_groups()[0].options().get_lr(),
+            control.optimizer.param_groups()[0].options().get_lr());
+  EXPECT_LT(p.optimizer.param_groups()[0].options().get_lr(), 1.0);
 }
 
 // ---------------------------------------------------------------------------------------

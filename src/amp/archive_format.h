@@ -27,7 +27,7 @@ const std::vector<ArchiveField>& archive_fields();
 
 // FNV-1a (64 bits) over the format version and each field's key and 8 value bytes (the
 // int64, the double's bits, or the bool as an int64), in archive_fields() order.
-// `values` holds one IValue per field, of the field's kind.
+// `values` holds one IValue per field (of any type: one of the wrong type hashes its tag).
 uint64_t archive_checksum(int64_t format_version, const std::vector<c10::IValue>& values);
 
 }  // namespace detail

@@ -7,8 +7,10 @@
 // unscale_/step come before any scale()). unscale_ writes each optimizer's overflow flag
 // on that device and update() changes the scale there, so neither waits for the device.
 // Only step() reads one 4-byte flag back, to decide whether to call optimizer.step(),
-// and get_scale()/state_dict() read the scale back. Until the tensors exist the same
-// state is kept on the host (pending_*), advanced by the same rule (cpu::next_scale_state).
+// and get_scale()/state_dict() read the scale back (the opt-in guards and diagnostics
+// that read more say so: NOTE: [Guards], NOTE: [Diagnostics without host
+// synchronisation]). Until the tensors exist the same state is kept on the host
+// (pending_*), advanced by the same rule (cpu::next_scale_state).
 // The scale is 0-dim so that it never broadcasts a 0-dim loss to shape [1]; float16 and
 // bfloat16 outputs are promoted explicitly (a 0-dim float32 operand would not promote them).
 

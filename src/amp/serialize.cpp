@@ -23,6 +23,7 @@
 
 #include <lucid/amp/serialize.h>
 
+#include "amp/archive_check.h"
 #include "amp/archive_format.h"
 #include "amp/scaler_state.h"
 
@@ -32,6 +33,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <istream>
+#include <iterator>
+#include <sstream>
+#include <ostream>
 
 namespace lucid {
 namespace amp {
@@ -80,19 +86,20 @@ uint64_t archive_checksum(int64_t format_version, const std::vector<c10::IValue>
   fnv1a_int(hash, format_version);
   for (size_t i = 0; i < fields.size(); ++i) {
     fnv1a(hash, fields[i].key, std::strlen(fields[i].key) + 1);
+    // By what the value holds, not what the field should hold: a value of the wrong
+    // type is refused before the checksum is compared, and must not trip an assert here.
     int64_t bits = 0;
-    switch (fields[i].kind) {
-      case ArchiveKind::kInt:
-        bits = values[i].toInt();
-        break;
-      case ArchiveKind::kBool:
-        bits = values[i].toBool() ? 1 : 0;
-        break;
-      case ArchiveKind::kDouble: {
-        const double d = values[i].toDouble();
-        std::memcpy(&bits, &d, sizeof(bits));
-        break;
-      }
+    const c10::IValue& v = values[i];
+    if (v.isInt()) {
+      bits = v.toInt();
+    } else if (v.isBool()) {
+      bits = v.toBool() ? 1 : 0;
+    } else if (v.isDouble()) {
+      const double d = v.toDouble();
+      std::memcpy(&bits, &d, sizeof(bits));
+    } else {
+      const std::string tag = v.tagKind();
+      fnv1a(hash, tag.data(), tag.size());
     }
     fnv1a_int(hash, bits);
   }
@@ -372,6 +379,59 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
                     "to load into this enabled one; build this scaler with enabled(false), or "
                     "load a checkpoint of an enabled scaler.");
   apply_(s, &c);
+}
+
+namespace {
+
+void load_scaler_from(GradScaler& scaler, std::istream& stream, const std::string& source) {
+  // NOTE: [Archive integrity]: the zip and every record's CRC-32 are checked before
+  // LibTorch parses anything (its reader skips CRCs, and its importer can crash on a
+  // corrupt record).
+  std::string bytes((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(!stream.bad(), "lucid::amp::load_scaler: reading ", source,
+              " failed; nothing was loaded.");
+  detail::check_zip_integrity(bytes, source);
+  std::istringstream intact(bytes);
+  torch::serialize::InputArchive archive;
+  // LibTorch's reader throws c10::Error for a bad zip, torch::jit::ErrorReport (a
+  // std::exception) for a bad record: both become one clear c10::Error.
+  try {
+    archive.load_from(intact);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "lucid::amp::load_scaler: ", source,
+                " is not a readable torch::serialize archive; nothing was loaded. LibTorch "
+                "says: ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "lucid::amp::load_scaler: ", source,
+                " is not a readable torch::serialize archive; nothing was loaded. LibTorch "
+                "says: ", e.what());
+  }
+  scaler.load(archive);
+}
+
+}  // namespace
+
+void save_scaler(const GradScaler& scaler, std::ostream& stream) {
+  torch::serialize::OutputArchive archive;
+  scaler.save(archive);
+  archive.save_to(stream);
+}
+
+void save_scaler(const GradScaler& scaler, const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  scaler.save(archive);
+  archive.save_to(path);
+}
+
+void load_scaler(GradScaler& scaler, std::istream& stream) {
+  load_scaler_from(scaler, stream, "the stream");
+}
+
+void load_scaler(GradScaler& scaler, const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file.good(), "lucid::amp::load_scaler: cannot open '", path,
+              "' for reading; nothing was loaded.");
+  load_scaler_from(scaler, file, "'" + path + "'");
 }
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,

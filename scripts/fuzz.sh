@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target fuzz/fuzz_state_load.cpp with clang (-fsanitize=fuzzer,
+# address,undefined, on lucid-amp's own code; LibTorch is the Debian build, not
+# instrumented) and runs it for a bounded time, starting from the committed corpus
+# fuzz/corpus. New interesting inputs go to $build_dir/corpus-new (not committed).
+#
+#   scripts/fuzz.sh [seconds]        # default 60 (LUCID_FUZZ_SECONDS)
+#   scripts/fuzz.sh --merge          # fold corpus-new into fuzz/corpus, minimised
+#
+# Exit status: 0 when the run ended by time with no crash, property violation or
+# sanitizer report; otherwise libFuzzer's (the crashing input is saved in $build_dir).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${LUCID_AMP_FUZZ_BUILD_DIR:-$root/build-fuzz}
+seconds=${LUCID_FUZZ_SECONDS:-60}
+merge=0
+case "${1:-}" in
+  --merge) merge=1 ;;
+  "") ;;
+  *) seconds=$1 ;;
+esac
+
+# clang 14 with its runtime libraries (libFuzzer, ASan, UBSan live in libclang-rt-14-dev),
+# zlib for the inflate differential check.
+packages=(cmake make clang libclang-rt-14-dev zlib1g-dev libtorch-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+# vptr checks compare type info across the uninstrumented LibTorch; off to avoid noise.
+flags+=" -fno-sanitize=vptr -fno-omit-frame-pointer -g"
+echo "== configuring the fuzz build in $build_dir (clang++)"
+cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_CXX_FLAGS="$flags" -DLUCID_AMP_BUILD_TESTS=OFF -DLUCID_AMP_BUILD_EXAMPLES=OFF \
+  -DLUCID_AMP_BUILD_FUZZERS=ON >"$build_dir.configure.log" 2>&1 || { cat "$build_dir.configure.log"; exit 1; }
+echo "== building fuzz_state_load"
+cmake --build "$build_dir" -j "$(nproc)" --target fuzz_state_load
+fuzzer=$build_dir/fuzz/fuzz_state_load
+
+# LibTorch keeps process-lifetime allocations (type registries, the JIT's caches) that
+# LeakSanitizer would report; leaks are checked by the valgrind run (docs/RELIABILITY.md).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+mkdir -p "$build_dir/corpus-new" "$root/fuzz/corpus"
+if [ -z "$(ls -A "$root/fuzz/corpus")" ]; then
+  echo "== writing the seed inputs into fuzz/corpus"
+  LUCID_FUZZ_WRITE_SEEDS="$root/fuzz/corpus" "$fuzzer" || true
+fi
+
+if ((merge)); then
+  echo "== merging corpus-new into fuzz/corpus (minimised)"
+  "$fuzzer" -merge=1 -detect_leaks=0 "$root/fuzz/corpus" "$build_dir/corpus-new"
+  exit 0
+fi
+
+echo "== fuzzing for ${seconds}s"
+cd "$build_dir"
+set +e
+"$fuzzer" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -detect_leaks=0 \
+  -print_final_stats=1 "$build_dir/corpus-new" "$root/fuzz/corpus" >"$build_dir/fuzz.log" 2>&1
+rc=$?
+set -e
+grep -vE "NEW_FUNC|^#[0-9]+ +(NEW|REDUCE)" "$build_dir/fuzz.log" | tail -40
+echo "== fuzz_state_load exit status $rc: $(grep -E 'stat::number_of_executed_units' "$build_dir/fuzz.log" || echo 'no stats')"
+exit "$rc"
