@@ -175,6 +175,20 @@ TEST(OverflowReport, OverflowedReadsAnUnscaleOnlyOptimizerAndBuildsTheReport) {
   EXPECT_FALSE(scaler.step(p.optimizer).has_value());
 }
 
+TEST(OverflowReport, UpdateNeverTouchesAnOptimizerThatMayBeGone) {
+  // An optimizer unscale_'d and destroyed before update(): a guarded update reads its
+  // flag (ours) but must not look at the optimizer (ASan would catch it).
+  GradScaler scaler(GradScalerOptions().init_scale(8).min_scale(1));
+  {
+    OneParam p;
+    p.inf_grad();
+    scaler.unscale_(p.optimizer);
+  }
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.last_overflow()->uninspected_optimizers, 1);
+}
+
 TEST(ParameterNames, AreHeldWeakly) {
   GradScaler scaler;
   {
@@ -400,7 +414,10 @@ TEST(BackoffCallback, SeesAnUnscaleOnlyOptimizer) {
   scaler.set_backoff_callback([&](const BackoffEvent& e) {
     ++calls;
     ASSERT_NE(e.report, nullptr);
-    EXPECT_EQ(e.report->gradients.size(), 1u);
+    EXPECT_EQ(e.report->optimizers, 1);
+    EXPECT_EQ(e.report->uninspected_optimizers, 1);  // update() does not touch the optimizer
+    EXPECT_TRUE(e.report->gradients.empty());
+    EXPECT_NE(e.report->to_string().find("not inspected"), std::string::npos);
   });
   OneParam p;
   p.inf_grad();

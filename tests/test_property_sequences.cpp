@@ -84,6 +84,7 @@ struct ModelReport {
   int64_t iteration = 0;
   double scale = 0;
   int64_t optimizers = 0;
+  int64_t uninspected = 0;
   std::vector<ModelReportEntry> entries;
 };
 
@@ -113,11 +114,15 @@ struct Model {
   static int group_of(int k, int i) { return k == 2 ? i : 0; }
   static int index_in_group(int k, int i) { return k == 2 ? 0 : i; }
 
-  void build_report(int k) {
+  void build_report(int k, bool inspect) {
     if (!report.has_value() || report->iteration != counters.updates) {
-      report = ModelReport{counters.updates, static_cast<double>(scale), 0, {}};
+      report = ModelReport{counters.updates, static_cast<double>(scale), 0, 0, {}};
     }
     ++report->optimizers;
+    if (!inspect) {
+      ++report->uninspected;
+      return;
+    }
     for (int i = 0; i < kParams; ++i) {
       if (!opt[k].grad_defined[i]) {
         continue;
@@ -133,11 +138,11 @@ struct Model {
     }
   }
 
-  bool read_flag(int k) {
+  bool read_flag(int k, bool inspect = true) {
     if (!opt[k].flag_read) {
       opt[k].flag_read = true;
       if (opt[k].flag) {
-        build_report(k);
+        build_report(k, inspect);
       }
     }
     return opt[k].flag;
@@ -243,7 +248,7 @@ struct Model {
     if (o.min_scale > 0 || callback) {
       for (int k = 0; k < kOptimizers; ++k) {
         if (opt[k].stage != OptimizerStage::kReady) {
-          read_flag(k);
+          read_flag(k, /*inspect=*/false);  // update() does not touch the optimizer
         }
       }
     }
@@ -695,7 +700,8 @@ class Sequence {
       std::sort(got.begin(), got.end());
       std::sort(want.begin(), want.end());
       if (got != want || report->iteration != model_.report->iteration ||
-          report->scale != model_.report->scale || report->optimizers != model_.report->optimizers) {
+          report->scale != model_.report->scale || report->optimizers != model_.report->optimizers ||
+          report->uninspected_optimizers != model_.report->uninspected) {
         d << "report " << report->to_string() << " model iteration " << model_.report->iteration
           << " scale " << model_.report->scale << " optimizers " << model_.report->optimizers
           << " entries " << want.size() << "; ";

@@ -7,8 +7,10 @@
 // number here comes from what the host knows already, or is read when it is asked for:
 // - steps_taken / steps_skipped / step_skipped(): decided in step(), which read the flag.
 // - The overflow report: built where the host learns of an overflow (step() skipping,
-//   overflowed(), or a guarded update() reading an unscale_-only optimizer's flag). It is
-//   the slow path: per-gradient NaN and inf counts, read once per device, and the scale.
+//   overflowed()). It is the slow path: per-gradient NaN and inf counts, read once per
+//   device, and the scale. A guarded update() that reads an unscale_-only optimizer's
+//   flag counts that optimizer as uninspected and does not touch it: the scaler keys
+//   optimizers by address and cannot know whether one still exists at update().
 //   The gradients are unscaled in place by then, so it counts non-finite entries after
 //   unscaling: exactly the set the flag was raised for.
 // - backoffs / growths / overflow_updates / overflow_streak: what update() did on the
@@ -45,7 +47,12 @@ std::string OverflowReport::to_string() const {
   std::ostringstream out;
   out << "Overflow in iteration " << iteration << " at scale " << scale << ": " << optimizers
       << " optimizer(s), " << gradients.size() << " gradient(s) with inf/NaN.";
-  if (gradients.empty()) {
+  if (uninspected_optimizers > 0) {
+    out << "\n  " << uninspected_optimizers
+        << " optimizer(s) were only unscale_'d and their flag was read by update(): their "
+           "gradients were not inspected (call overflowed(optimizer) before update()).";
+  }
+  if (gradients.empty() && uninspected_optimizers < optimizers) {
     out << "\n  No local gradient holds inf/NaN: the flag was raised by a found_inf hook "
            "(another rank overflowed), or the gradients changed after unscale_.";
   }
@@ -60,7 +67,7 @@ std::string OverflowReport::to_string() const {
   return out.str();
 }
 
-bool GradScaler::read_found_inf_(const torch::optim::Optimizer& optimizer,
+bool GradScaler::read_found_inf_(const torch::optim::Optimizer* optimizer,
                                  PerOptimizer& record) {
   if (!record.found_inf.defined()) {
     return false;  // no scale yet, so nothing was unscaled: clean
@@ -84,7 +91,7 @@ void GradScaler::note_step_(const torch::optim::Optimizer& optimizer, bool skipp
   diag_.last_step_skipped[&optimizer] = skipped;
 }
 
-void GradScaler::note_overflow_(const torch::optim::Optimizer& optimizer) {
+void GradScaler::note_overflow_(const torch::optim::Optimizer* optimizer_or_null) {
   const int64_t iteration = diag_.counters.updates;
   if (!diag_.last_overflow.has_value() || diag_.last_overflow->iteration != iteration) {
     OverflowReport report;
@@ -94,6 +101,11 @@ void GradScaler::note_overflow_(const torch::optim::Optimizer& optimizer) {
   }
   OverflowReport& report = *diag_.last_overflow;
   ++report.optimizers;
+  if (optimizer_or_null == nullptr) {
+    ++report.uninspected_optimizers;
+    return;
+  }
+  const torch::optim::Optimizer& optimizer = *optimizer_or_null;
 
   // NaN and inf counts of every gradient, on its own device, read once per device.
   std::vector<NonFiniteGradient> candidates;
@@ -230,7 +242,7 @@ bool GradScaler::overflowed(const torch::optim::Optimizer& optimizer) {
   if (it == per_optimizer_.end() || it->second.stage == OptimizerStage::kReady) {
     return false;
   }
-  return read_found_inf_(optimizer, it->second);
+  return read_found_inf_(&optimizer, it->second);
 }
 
 const std::optional<OverflowReport>& GradScaler::last_overflow() const {

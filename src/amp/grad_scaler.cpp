@@ -220,7 +220,7 @@ std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer
     record.stage = OptimizerStage::kUnscaled;
   }
   // The one host read of a step: a 4-byte flag, on the scale's device.
-  const bool overflow = read_found_inf_(optimizer, record);
+  const bool overflow = read_found_inf_(&optimizer, record);
   if (overflow) {
     record.stage = OptimizerStage::kStepped;
     note_step_(optimizer, /*skipped=*/true);

@@ -16,7 +16,8 @@
 //   [Diagnostics without host synchronisation]), and only for a backoff computes the
 //   update into copies and reads the new scale (4 bytes). Below min_scale it throws
 //   c10::Error and applies nothing: scale, trackers, counters and the optimizers' stages
-//   stay as they were, and last_overflow() names the gradients. A backoff callback takes
+//   stay as they were, and last_overflow() names the gradients of the optimizers that
+//   were stepped (or asked with overflowed()). A backoff callback takes
 //   the same path (it is handed the old and the new scale).
 
 #include <lucid/amp/grad_scaler.h>
@@ -63,8 +64,10 @@ std::optional<BackoffEvent> GradScaler::update_on_device_() {
   }
   const bool decide_on_host = options_.min_scale() > 0.0 || static_cast<bool>(diag_.on_backoff);
   if (decide_on_host) {
+    // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
+    // inspected (the report counts it as uninspected); the flag is ours.
     for (auto& entry : per_optimizer_) {
-      read_found_inf_(*entry.first, entry.second);
+      read_found_inf_(nullptr, entry.second);
     }
   }
   // Overflow in any optimizer since the last update backs the scale off; nothing

@@ -59,9 +59,14 @@ struct OverflowReport {
   double scale = 0.0;
   /// How many optimizers overflowed in this iteration (so far).
   int64_t optimizers = 0;
+  /// Of those, the optimizers whose flag update() read after they were only unscale_'d:
+  /// their gradients are not in `gradients` (update() does not touch an optimizer that
+  /// may be gone by then). Call overflowed(optimizer) before update() to list them.
+  int64_t uninspected_optimizers = 0;
   /// Every gradient holding a non-finite entry, in optimizer, group and parameter order.
-  /// Empty when the flag was raised although no local gradient is non-finite: a
-  /// found_inf hook (another rank overflowed), or gradients changed after unscale_.
+  /// Empty when the flag was raised although no local gradient is non-finite (a
+  /// found_inf hook: another rank overflowed; or gradients changed after unscale_), or
+  /// when the only overflowing optimizers were uninspected.
   std::vector<NonFiniteGradient> gradients;
 
   /// One line per gradient, e.g. "group 0 param 3 'fc.weight' [4, 8] Float: 2 NaN, 0 inf of 32".

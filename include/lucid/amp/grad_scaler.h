@@ -212,9 +212,10 @@ class GradScaler {
   void apply_(const detail::ScalerSnapshot& snapshot, const ScalerCounters* counters);
 
   // Diagnostics (src/amp/diagnostics.cpp).
-  bool read_found_inf_(const torch::optim::Optimizer& optimizer, PerOptimizer& record);
+  // `optimizer` is null where it may be gone (update() reading an unscale_-only flag).
+  bool read_found_inf_(const torch::optim::Optimizer* optimizer, PerOptimizer& record);
   void note_step_(const torch::optim::Optimizer& optimizer, bool skipped);
-  void note_overflow_(const torch::optim::Optimizer& optimizer);
+  void note_overflow_(const torch::optim::Optimizer* optimizer);
   void note_schedule_update_(bool known, bool found, const at::Tensor& flag);
   bool predicts_backoff_(bool found) const;
   void resolve_pending_() const;
