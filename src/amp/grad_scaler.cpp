@@ -170,7 +170,7 @@ std::optional<torch::Tensor> GradScaler::step_scaler_aware_(torch::optim::Optimi
   }
   // Read after the launch: the step was already skipped on the device if needed, the
   // flag only tells the caller.
-  const bool overflow = read_found_inf_(optimizer, record);
+  const bool overflow = read_found_inf_(&optimizer, record);
   note_step_(optimizer, overflow);
   return overflow ? std::nullopt : std::optional<torch::Tensor>(result);
 }
