@@ -208,11 +208,15 @@ int nccl(int iters) {
     return 1;
   }
   const auto timeout = std::chrono::seconds(60);
-  auto store = lucid::distributed::make_file_store(dir + "/store", 1, timeout);
-  Bench b{lucid::distributed::make_nccl_group(store, 0, 1, lucid::distributed::GroupOptions().timeout(timeout)),
-          torch::Device(torch::kCUDA, 0), iters, 0, [] { torch::cuda::synchronize(); }};
-  std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
-  run(b);
+  {
+    // The group goes before its store's file (the first version removed the file while
+    // the group was alive, and crashed at exit on the H200).
+    auto store = lucid::distributed::make_file_store(dir + "/store", 1, timeout);
+    Bench b{lucid::distributed::make_nccl_group(store, 0, 1, lucid::distributed::GroupOptions().timeout(timeout)),
+            torch::Device(torch::kCUDA, 0), iters, 0, [] { torch::cuda::synchronize(); }};
+    std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
+    run(b);
+  }
   std::filesystem::remove_all(dir);
   return 0;
 }

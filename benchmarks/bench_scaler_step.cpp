@@ -21,6 +21,7 @@
 #include "amp/kernel_routing.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -41,6 +42,53 @@ double median_ms(const std::function<void()>& fn, int iters = 20, int warm = 5) 
     stop.synchronize();
     times.push_back(start.elapsed_time(stop));
   }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Medians of two consecutive parts, timed with three events per call.
+std::pair<double, double> median_ms_parts(const std::function<void()>& first,
+                                          const std::function<void()>& second, int iters = 20) {
+  for (int i = 0; i < 5; ++i) {
+    first();
+    second();
+  }
+  torch::cuda::synchronize();
+  std::vector<double> a, b;
+  for (int i = 0; i < iters; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), mid(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    first();
+    mid.record();
+    second();
+    stop.record();
+    stop.synchronize();
+    a.push_back(start.elapsed_time(mid));
+    b.push_back(mid.elapsed_time(stop));
+  }
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  return {a[a.size() / 2], b[b.size() / 2]};
+}
+
+// Per call: `n` calls back to back between two events (host gaps hidden while the
+// device is busy), median of 5.
+double back_to_back_ms(const std::function<void()>& fn, int n = 20) {
+  return median_ms([&] {
+    for (int i = 0; i < n; ++i) fn();
+  }, 5, 1) / n;
+}
+
+// Host time of one call that does not wait for the device, the device idle before it.
+double host_us(const std::function<void()>& fn, int iters = 50) {
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    torch::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  torch::cuda::synchronize();
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -87,6 +135,13 @@ void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
   std::printf("  %-22s bare %8.3f ms | scaler step+update %8.3f ms (%.3fx) | graph_safe %8.3f ms (%.3fx), host syncs %s\n",
               name, bare, scaled, scaled / bare, graph_safe, graph_safe / bare,
               syncs_graph_safe == 0 ? "0" : ">=1");
+  // Where a default-mode iteration's time goes: step (check, fused step, flag read) and
+  // update (launched after that read, with the device idle).
+  const auto [step_ms, update_ms] = median_ms_parts([&] { scaler.step(opt); }, [&] { scaler.update(); });
+  std::printf("  %-22s default mode: step %8.3f ms + update %6.3f ms; host enqueue of bare step %6.1f us, "
+              "graph_safe step+update %6.1f us\n",
+              "", step_ms, update_ms, host_us([&] { opt.step(); }),
+              host_us([&] { safe.step(opt); safe.update(); }));
 }
 
 }  // namespace
@@ -119,9 +174,14 @@ int main(int argc, char** argv) {
     const double ours = median_ms([&] { lucid::amp::detail::unscale_grads_(grads, one, found); });
     const double aten = median_ms([&] { at::_amp_foreach_non_finite_check_and_unscale_(grads, found, one); });
     const double check = median_ms([&] { lucid::amp::detail::check_grads_finite_(grads, one, found); });
+    const double ours_kernel = back_to_back_ms([&] { lucid::amp::detail::unscale_grads_(grads, one, found); });
+    const double copy_kernel = back_to_back_ms([&] { copy_dst.copy_(copy_src); });
+    const double ours_host = host_us([&] { lucid::amp::detail::unscale_grads_(grads, one, found); });
     const double gb = 8.0 * P / 1e6;
     std::printf("  copy (same bytes)      %8.3f ms  %7.1f GB/s\n", copy_ms, gb / copy_ms);
     std::printf("  unscale lucid-amp      %8.3f ms  %7.1f GB/s  %.3f x copy\n", ours, gb / ours, copy_ms / ours);
+    std::printf("  unscale lucid-amp, 20 back to back: %.3f ms per call, copy %.3f ms: %.3f x copy; host "
+                "enqueue %.1f us per call\n", ours_kernel, copy_kernel, copy_kernel / ours_kernel, ours_host);
     std::printf("  unscale ATen (PyTorch) %8.3f ms  %7.1f GB/s  %.3f x copy\n", aten, gb / aten, copy_ms / aten);
     std::printf("  read-only check        %8.3f ms  %7.1f GB/s (4 B/elt)  %.3f of a copy's time\n", check,
                 gb / 2 / check, check / copy_ms);

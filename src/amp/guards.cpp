@@ -72,15 +72,21 @@ std::optional<BackoffEvent> GradScaler::update_on_device_() {
   }
   // Overflow in any optimizer since the last update backs the scale off; nothing
   // recorded counts as an overflow-free update.
-  torch::Tensor found_inf = at::zeros({}, scale_.options());
+  // One optimizer's flag is used as it is: each kernel launched here comes after step's
+  // read of the flag, with the device idle, so it shows in a step's time.
+  torch::Tensor found_inf;
   bool known = true;
   bool found = false;
   for (const auto& entry : per_optimizer_) {
     if (entry.second.found_inf.defined()) {
-      found_inf = at::maximum(found_inf, entry.second.found_inf);
+      found_inf = found_inf.defined() ? at::maximum(found_inf, entry.second.found_inf)
+                                      : entry.second.found_inf;
       known = known && entry.second.found_inf_read;
       found = found || entry.second.found_inf_value;
     }
+  }
+  if (!found_inf.defined()) {
+    found_inf = at::zeros({}, scale_.options());
   }
   if (!decide_on_host || !predicts_backoff_(found)) {
     run_update_kernel_(scale_, growth_tracker_, overflow_tracker_, found_inf);

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 
@@ -49,8 +50,10 @@ const int64_t* device_table_for(std::vector<int64_t>&& host, const at::Device& d
   return cache.back().on_device.data_ptr<int64_t>();
 }
 
-TensorTable make_table(const std::vector<std::vector<at::Tensor>>& lists) {
-  const auto& first = lists.front();
+// The table of `lists` (all of one length; list 0 gives the sizes), taken by pointer so
+// that no list of tensors is copied on the way.
+TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists) {
+  const auto& first = *lists.front();
   const int64_t n = static_cast<int64_t>(first.size());
   std::vector<int64_t> host;
   host.reserve((n + 1) + lists.size() * n);
@@ -60,8 +63,8 @@ TensorTable make_table(const std::vector<std::vector<at::Tensor>>& lists) {
     total += t.numel();
   }
   host.push_back(total);
-  for (const auto& list : lists) {
-    for (const auto& t : list) {
+  for (const auto* list : lists) {
+    for (const auto& t : *list) {
       host.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
     }
   }
@@ -71,6 +74,14 @@ TensorTable make_table(const std::vector<std::vector<at::Tensor>>& lists) {
   table.total_elements = total;
   table.data = device_table_for(std::move(host), first.front().device());
   return table;
+}
+
+TensorTable make_table(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<const std::vector<at::Tensor>*> pointers;
+  for (const auto& list : lists) {
+    pointers.push_back(&list);
+  }
+  return make_table(pointers);
 }
 
 ElementType element_type(at::ScalarType dtype) {
@@ -96,8 +107,18 @@ const float* float_on(const at::Tensor& t, const at::Device& device, at::Tensor&
   return keep.data_ptr<float>();
 }
 
+// Calls launch(table, type) once per element type present: one table of all of `grads`
+// when they share one (the common case, built without copying the list), else one per
+// type.
 template <typename Launch>
 void for_each_dtype(const std::vector<at::Tensor>& grads, Launch launch) {
+  const at::ScalarType first = grads.front().scalar_type();
+  const bool one_type = std::all_of(grads.begin(), grads.end(),
+                                    [&](const at::Tensor& g) { return g.scalar_type() == first; });
+  if (one_type) {
+    launch(make_table({&grads}), element_type(first));
+    return;
+  }
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
     std::vector<at::Tensor> same;
     for (const auto& g : grads) {
@@ -106,41 +127,40 @@ void for_each_dtype(const std::vector<at::Tensor>& grads, Launch launch) {
       }
     }
     if (!same.empty()) {
-      launch(make_table({same}), element_type(dtype));
+      launch(make_table({&same}), element_type(dtype));
     }
   }
+}
+
+// The unscale pass (kWrite) or the read-only check, over one device's gradients.
+template <bool kWrite>
+void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                       at::Tensor& found_inf) {
+  if (grads.empty()) {
+    return;
+  }
+  const at::Device device = grads.front().device();
+  c10::cuda::CUDAGuard guard(device);
+  at::Tensor scale_here;
+  const float* scale_ptr = float_on(scale, device, scale_here);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  float* flag = found_inf.data_ptr<float>();
+  for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+    C10_CUDA_CHECK(kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag, stream)
+                          : launch_check_finite(table, type, scale_ptr, flag, stream));
+  });
 }
 
 }  // namespace
 
 void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                         at::Tensor& found_inf) {
-  if (grads.empty()) {
-    return;
-  }
-  const at::Device device = grads.front().device();
-  c10::cuda::CUDAGuard guard(device);
-  at::Tensor scale_here;
-  const float* scale_ptr = float_on(scale, device, scale_here);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-    C10_CUDA_CHECK(launch_unscale_and_check(table, type, scale_ptr, found_inf.data_ptr<float>(), stream));
-  });
+  unscale_or_check_<true>(grads, scale, found_inf);
 }
 
 void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                    at::Tensor& found_inf) {
-  if (grads.empty()) {
-    return;
-  }
-  const at::Device device = grads.front().device();
-  c10::cuda::CUDAGuard guard(device);
-  at::Tensor scale_here;
-  const float* scale_ptr = float_on(scale, device, scale_here);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-    C10_CUDA_CHECK(launch_check_finite(table, type, scale_ptr, found_inf.data_ptr<float>(), stream));
-  });
+  unscale_or_check_<false>(grads, scale, found_inf);
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,

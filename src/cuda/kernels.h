@@ -6,12 +6,13 @@
 // cudaGetLastError() after its launch; callers wrap it in C10_CUDA_CHECK.
 //
 // NOTE: [Multi-tensor ranges]
-// A launch covers a list of tensors as if they were one flat array: block b of G takes
-// the elements [b*N/G, (b+1)*N/G) of the concatenation (N elements in all), which may
-// span several tensors. Every block gets the same number of elements whatever the sizes
-// of the tensors, so there is no tail of idle blocks, and one launch suffices for any
-// list. Inside a block, each tensor segment is walked in 16-byte vectors where every
-// pointer of the segment is 16-byte aligned, element by element otherwise.
+// A launch covers a list of tensors as if they were one flat array of N elements, cut
+// into fixed chunks (32K elements, NOTE: [Chunk size] in multi_tensor_kernels.cu): block
+// b takes the elements [b*C, (b+1)*C) of the concatenation, which may span several
+// tensors, so one launch suffices for any list, small tensors share a block, and there
+// are many more blocks than fit at once, so the hardware balances them. Inside a block,
+// each tensor segment is walked in 16-byte vectors where every pointer of the segment is
+// 16-byte aligned, element by element otherwise.
 
 #include <cuda_runtime_api.h>
 

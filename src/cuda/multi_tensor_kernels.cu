@@ -6,9 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 namespace lucid {
@@ -20,7 +17,6 @@ constexpr int kThreads = 256;
 // Independent 16-byte loads each thread keeps in flight: enough bytes in flight per SM
 // to cover HBM latency at full bandwidth.
 constexpr int kUnroll = 4;
-constexpr int64_t kMinElementsPerBlock = 4096;
 
 // ---- element types --------------------------------------------------------------------
 
@@ -71,6 +67,7 @@ struct Table {
   const int64_t* pointers;  // depth lists of n
   int n;
   int64_t total;
+  int64_t chunk;  // elements per block, a multiple of 8 (NOTE: [Multi-tensor ranges])
 
   __device__ void* pointer(int list, int tensor) const {
     return reinterpret_cast<void*>(pointers[static_cast<int64_t>(list) * n + tensor]);
@@ -165,13 +162,11 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
   for (int64_t i = head_end + nvec * kPer + threadIdx.x; i < hi; i += blockDim.x) scalar(i);
 }
 
-// This block's share of the concatenated elements, walked tensor by tensor.
+// This block's chunk of the concatenated elements, walked tensor by tensor.
 template <typename S, int D, int kUnrollT = kUnroll, typename Op>
 __device__ void walk_block_range(const Table& table, Op& op) {
-  const int64_t g = gridDim.x, b = blockIdx.x;
-  // Block boundaries on multiples of 8 elements keep most heads empty.
-  const int64_t begin = (table.total * b / g) & ~int64_t{7};
-  const int64_t end = (b + 1 == g) ? table.total : ((table.total * (b + 1) / g) & ~int64_t{7});
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * table.chunk;
+  const int64_t end = begin + table.chunk < table.total ? begin + table.chunk : table.total;
   if (begin >= end) return;
   int t = find_tensor(table.offsets, table.n, begin);
   for (int64_t pos = begin; pos < end && t < table.n; ++t) {
@@ -327,64 +322,52 @@ __global__ void increment_steps_kernel(Table table, int list, const float* found
 
 // ---- launch helpers -------------------------------------------------------------------
 
-Table device_table(const TensorTable& t) {
-  return Table{t.data, t.data + t.num_tensors + 1, t.num_tensors, t.total_elements};
+// NOTE: [Chunk size]
+// Timed on the H200 (benchmarks/cuda/unscale_lab.cu; docs/PERFORMANCE.md has the
+// table): giving each block one contiguous share of the whole range, as many blocks as fit
+// at once, left the unscale pass at 0.71 of copy bandwidth at 116M parameters and the
+// fused AdamW step at 0.79; fixed chunks handed out in order reach 0.95 and 0.96. Blocks
+// then work on neighbouring memory, and a block that finishes early takes the next
+// chunk. 16K elements was the best of 8K-64K for the unscale pass and the optimizers;
+// the read-only check (4 bytes per element, nothing written) was best at 32K-64K and
+// lost 6% at 16K.
+constexpr int64_t kChunkElements = 16384;
+constexpr int64_t kCheckChunkElements = 32768;
+
+Table device_table(const TensorTable& t, int64_t chunk = kChunkElements) {
+  return Table{t.data, t.data + t.num_tensors + 1, t.num_tensors, t.total_elements, chunk};
 }
 
-// Blocks of `kernel` that fit on the current device at once. Asked of the driver once per
-// kernel, block size and device: the occupancy query costs microseconds, which a 0.2 ms
-// pass would feel.
-int resident_blocks(const void* kernel, int threads) {
-  static std::mutex mutex;
-  static auto& cache = *new std::map<std::tuple<const void*, int, int>, int>();
-  int device = 0;
-  cudaGetDevice(&device);
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(kernel, threads, device);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int sms = 0, per_sm = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-    it = cache.emplace(key, sms * (per_sm > 0 ? per_sm : 1)).first;
-  }
-  return it->second;
+int grid_for(const Table& table) {
+  const int64_t blocks = (table.total + table.chunk - 1) / table.chunk;
+  return static_cast<int>(blocks > 0 ? blocks : 1);
 }
 
-// Enough resident blocks to fill every SM, but no block with a trivial share.
-template <typename Kernel>
-int grid_for(Kernel kernel, int64_t total_elements, int threads = kThreads) {
-  const int64_t full = resident_blocks(reinterpret_cast<const void*>(kernel), threads);
-  const int64_t wanted = (total_elements + kMinElementsPerBlock - 1) / kMinElementsPerBlock;
-  return static_cast<int>(wanted < full ? (wanted > 0 ? wanted : 1) : full);
-}
-
-// 512 threads a block, 4 vectors in flight per thread: the fastest of eight launch
-// shapes timed on the H200 (docs/PERFORMANCE.md), 0.905 of copy bandwidth at 1.29B
-// parameters against 0.744 for 256 x 4.
+// 512 threads a block, 4 vectors in flight per thread: the fastest shape of those timed
+// on the H200 for the unscale pass (docs/PERFORMANCE.md).
 constexpr int kUnscaleThreads = 512;
 
 template <typename S, bool kWrite>
-void launch_unscale_typed(const Table& table, int64_t total, const float* scale, float* found_inf,
+void launch_unscale_typed(const Table& table, const float* scale, float* found_inf,
                           cudaStream_t stream) {
-  auto k = unscale_kernel<S, kWrite, kUnscaleThreads, kUnroll>;
-  k<<<grid_for(k, total, kUnscaleThreads), kUnscaleThreads, 0, stream>>>(table, scale, found_inf);
+  unscale_kernel<S, kWrite, kUnscaleThreads, kUnroll><<<grid_for(table), kUnscaleThreads, 0, stream>>>(
+      table, scale, found_inf);
 }
 
 template <bool kWrite>
 cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* scale,
                            float* found_inf, cudaStream_t stream) {
   if (t.total_elements == 0) return cudaSuccess;
-  const Table table = device_table(t);
+  const Table table = device_table(t, kWrite ? kChunkElements : kCheckChunkElements);
   switch (type) {
     case ElementType::kFloat32:
-      launch_unscale_typed<float, kWrite>(table, t.total_elements, scale, found_inf, stream);
+      launch_unscale_typed<float, kWrite>(table, scale, found_inf, stream);
       break;
     case ElementType::kFloat64:
-      launch_unscale_typed<double, kWrite>(table, t.total_elements, scale, found_inf, stream);
+      launch_unscale_typed<double, kWrite>(table, scale, found_inf, stream);
       break;
     case ElementType::kBFloat16:
-      launch_unscale_typed<uint16_t, kWrite>(table, t.total_elements, scale, found_inf, stream);
+      launch_unscale_typed<uint16_t, kWrite>(table, scale, found_inf, stream);
       break;
   }
   return cudaGetLastError();
@@ -396,10 +379,10 @@ cudaError_t launch_adam_typed(const TensorTable& t, const AdamHyper& h, const fl
   const Table table = device_table(t);
   if (h.amsgrad) {
     auto k = adam_kernel<S, true>;
-    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+    k<<<grid_for(table), kThreads, 0, stream>>>(table, h, scale, found_inf);
   } else {
     auto k = adam_kernel<S, false>;
-    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+    k<<<grid_for(table), kThreads, 0, stream>>>(table, h, scale, found_inf);
   }
   return cudaGetLastError();
 }
@@ -410,10 +393,10 @@ cudaError_t launch_sgd_typed(const TensorTable& t, const SgdHyper& h, const floa
   const Table table = device_table(t);
   if (h.momentum != 0) {
     auto k = sgd_kernel<S, true>;
-    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+    k<<<grid_for(table), kThreads, 0, stream>>>(table, h, scale, found_inf);
   } else {
     auto k = sgd_kernel<S, false>;
-    k<<<grid_for(k, t.total_elements), kThreads, 0, stream>>>(table, h, scale, found_inf);
+    k<<<grid_for(table), kThreads, 0, stream>>>(table, h, scale, found_inf);
   }
   return cudaGetLastError();
 }

@@ -1,0 +1,264 @@
+// A kernel lab for the unscale-and-check pass (issue 3): plain CUDA, no LibTorch, so it
+// builds with nvcc alone in seconds on the GPU machine:
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90 -I src benchmarks/cuda/unscale_lab.cu -o unscale_lab
+//   ./unscale_lab            # prints one row per variant and size
+//
+// It includes the production kernel source and launches the production kernels with
+// different chunk sizes (NOTE: [Chunk size]: production uses 16K elements, 32K for the
+// read-only check), including the first version's split (one
+// contiguous share per resident block, "contiguous"), so each row differs only in how the
+// flat range of elements is split between blocks. Each variant is timed two ways with CUDA events: one launch
+// between two events (the anchor script's way, median of 30), and 20 launches back to
+// back between two events (host launch gaps hidden). The copy reference is
+// cudaMemcpyAsync of the same bytes (8 per float32 gradient: 4 read, 4 written).
+
+#include "cuda/multi_tensor_kernels.cu"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace lucid::amp::cuda;
+
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace lab {
+
+// One flat buffer, in place, vector loop over a grid-stride: the layout-free bound.
+template <int kThreadsT, int kUnrollT>
+__global__ void __launch_bounds__(kThreadsT) flat_unscale(float* x, int64_t n, const float* scale, float* found_inf) {
+  const float inv = inverse_scale<float>(scale);
+  const int64_t nvec = n / 4;
+  bool bad = false;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreadsT * kUnrollT;
+  for (int64_t v0 = static_cast<int64_t>(blockIdx.x) * kThreadsT * kUnrollT + threadIdx.x; v0 < nvec; v0 += stride) {
+    float4 r[kUnrollT];
+#pragma unroll
+    for (int u = 0; u < kUnrollT; ++u) {
+      const int64_t i = v0 + u * kThreadsT;
+      if (i < nvec) r[u] = reinterpret_cast<const float4*>(x)[i];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollT; ++u) {
+      const int64_t i = v0 + u * kThreadsT;
+      if (i < nvec) {
+        r[u].x *= inv; r[u].y *= inv; r[u].z *= inv; r[u].w *= inv;
+        bad |= !isfinite(r[u].x) | !isfinite(r[u].y) | !isfinite(r[u].z) | !isfinite(r[u].w);
+        reinterpret_cast<float4*>(x)[i] = r[u];
+      }
+    }
+  }
+  if (bad) *found_inf = 1.0f;
+}
+
+__global__ void fill(float* x, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    x[i] = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 2000.0f;
+  }
+}
+
+struct Layout {
+  std::string name;
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+};
+
+// The anchor script's transformer-like layout: per layer 4 d*d + 2 d*4d + small vectors.
+Layout anchor_layout(int64_t wanted, int layers) {
+  int64_t d = static_cast<int64_t>(std::sqrt(static_cast<double>(wanted) / (12.0 * layers))) / 64 * 64;
+  Layout l;
+  for (int i = 0; i < layers; ++i) {
+    for (int64_t s : {3 * d * d, 3 * d, d * d, d, 4 * d * d, 4 * d, 4 * d * d, d, d, d, d, d}) l.sizes.push_back(s);
+  }
+  for (int64_t s : l.sizes) l.total += s;
+  l.name = std::to_string(l.total / 1000000) + "M/" + std::to_string(l.sizes.size());
+  return l;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// (single-launch median ms, back-to-back per-launch ms)
+std::pair<float, float> time_it(const std::function<void()>& launch) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) launch();
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> single;
+  for (int i = 0; i < 30; ++i) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    single.push_back(ms);
+  }
+  std::vector<float> batch;
+  for (int r = 0; r < 5; ++r) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < 20; ++i) launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    batch.push_back(ms / 20);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return {median(single), median(batch)};
+}
+
+}  // namespace lab
+
+int main() {
+  using namespace lab;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const std::vector<Layout> layouts = {anchor_layout(125000000, 12), anchor_layout(1300000000, 24)};
+  std::printf("%-10s %-36s %9s %9s %7s %9s %7s\n", "layout", "variant", "1x ms", "GB/s", "x copy",
+              "20x ms", "x copy");
+  for (const Layout& l : layouts) {
+    const int64_t n = l.total;
+    const int nt = static_cast<int>(l.sizes.size());
+    // Lists: 0 params, 1 grads, 2 exp_avg / momentum, 3 exp_avg_sq; separate allocations
+    // per tensor, as the caching allocator gives large tensors.
+    std::vector<std::vector<float*>> lists(4);
+    for (int d = 0; d < 4; ++d) {
+      for (int t = 0; t < nt; ++t) {
+        float* p = nullptr;
+        CHECK(cudaMalloc(&p, l.sizes[t] * sizeof(float)));
+        fill<<<1024, 256>>>(p, l.sizes[t], static_cast<uint32_t>(d * 1000 + t));
+        lists[d].push_back(p);
+      }
+    }
+    for (int t = 0; t < nt; ++t) CHECK(cudaMemset(lists[3][t], 0, l.sizes[t] * sizeof(float)));  // exp_avg_sq >= 0
+    float *steps = nullptr, *src = nullptr, *dst = nullptr, *flag = nullptr, *scales = nullptr;
+    CHECK(cudaMalloc(&steps, nt * sizeof(float)));
+    CHECK(cudaMemset(steps, 0, nt * sizeof(float)));
+    CHECK(cudaMalloc(&src, n * sizeof(float)));
+    CHECK(cudaMalloc(&dst, n * sizeof(float)));
+    fill<<<1024, 256>>>(src, n, 7);
+    CHECK(cudaMalloc(&flag, sizeof(float)));
+    CHECK(cudaMemset(flag, 0, sizeof(float)));
+    CHECK(cudaMalloc(&scales, 2 * sizeof(float)));
+    const float two_half[2] = {2.0f, 0.5f};
+    CHECK(cudaMemcpy(scales, two_half, sizeof(two_half), cudaMemcpyHostToDevice));
+    // Table of depth 5: the four lists and the step counters.
+    std::vector<int64_t> host;
+    int64_t off = 0;
+    for (int64_t sz : l.sizes) { host.push_back(off); off += sz; }
+    host.push_back(off);
+    for (int d = 0; d < 4; ++d)
+      for (float* p : lists[d]) host.push_back(reinterpret_cast<int64_t>(p));
+    for (int t = 0; t < nt; ++t) host.push_back(reinterpret_cast<int64_t>(steps + t));
+    int64_t* dtable = nullptr;
+    CHECK(cudaMalloc(&dtable, host.size() * sizeof(int64_t)));
+    CHECK(cudaMemcpy(dtable, host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    // The gradients alone (depth 1): list 1 of the table above, behind its offsets.
+    std::vector<int64_t> grads_host(host.begin(), host.begin() + nt + 1);
+    for (float* p : lists[1]) grads_host.push_back(reinterpret_cast<int64_t>(p));
+    int64_t* gtable = nullptr;
+    CHECK(cudaMalloc(&gtable, grads_host.size() * sizeof(int64_t)));
+    CHECK(cudaMemcpy(gtable, grads_host.data(), grads_host.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    TensorTable grads_tt{gtable, nt, 1, n};
+    TensorTable adam_tt{dtable, nt, 5, n};
+    // SGD with momentum: params, grads, momentum buffers, steps -> a table of depth 4.
+    std::vector<int64_t> sgd_host(host.begin(), host.begin() + nt + 1 + 3 * nt);
+    for (int t = 0; t < nt; ++t) sgd_host.push_back(reinterpret_cast<int64_t>(steps + t));
+    int64_t* stable = nullptr;
+    CHECK(cudaMalloc(&stable, sgd_host.size() * sizeof(int64_t)));
+    CHECK(cudaMemcpy(stable, sgd_host.data(), sgd_host.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    TensorTable sgd_tt{stable, nt, 4, n};
+
+    int flip = 0;
+    auto sc = [&] { return scales + (flip ^= 1); };
+    float copy_one = 1, copy_many = 1;
+    // bytes_per_element: what the variant must move; "x copy" compares bandwidths.
+    auto row = [&](const std::string& name, double bytes_per_element, const std::function<void()>& fn) {
+      const auto [one, many] = time_it(fn);
+      const double gbs = bytes_per_element * n / one / 1e6;
+      const double copy_gbs = 8.0 * n / copy_one / 1e6, copy_gbs_many = 8.0 * n / copy_many / 1e6;
+      std::printf("%-10s %-36s %9.4f %9.1f %7.3f %9.4f %7.3f\n", l.name.c_str(), name.c_str(), one, gbs,
+                  gbs / copy_gbs, many, bytes_per_element * n / many / 1e6 / copy_gbs_many);
+    };
+    {
+      const auto [one, many] = time_it([&] { CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice)); });
+      copy_one = one;
+      copy_many = many;
+    }
+    row("cudaMemcpyAsync D2D", 8, [&] { CHECK(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice)); });
+    row("flat persistent 512x4 (1 buffer)", 8, [&] { flat_unscale<512, 4><<<sms * 4, 512>>>(src, n, sc(), flag); });
+    // The first version's split: one contiguous share per resident block.
+    auto contiguous = [&](int per_sm) { return ((n + sms * per_sm - 1) / (sms * per_sm) + 7) & ~int64_t{7}; };
+    const std::vector<std::pair<std::string, int64_t>> unscale_chunks = {
+        {"contiguous", contiguous(4)}, {"8K", 8192}, {"16K", 16384}, {"32K", 32768}, {"64K", 65536}};
+    for (const auto& [label, chunk] : unscale_chunks) {
+      const Table t = device_table(grads_tt, chunk);
+      row("unscale " + label, 8, [&] {
+        unscale_kernel<float, true, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
+      });
+    }
+    for (const auto& [label, chunk] : unscale_chunks) {
+      const Table t = device_table(grads_tt, chunk);
+      row("check " + label, 4, [&] {
+        unscale_kernel<float, false, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
+      });
+    }
+    AdamHyper adam{};
+    adam.lr = 1e-3; adam.beta1 = 0.9; adam.beta2 = 0.999; adam.eps = 1e-8; adam.weight_decay = 1e-2;
+    adam.decoupled_weight_decay = true;
+    SgdHyper sgd{};
+    sgd.lr = 1e-3; sgd.momentum = 0.9;
+    const std::vector<std::pair<std::string, int64_t>> optim_chunks = {
+        {"contiguous", contiguous(8)}, {"16K", 16384}, {"32K", 32768}, {"64K", 65536}};
+    for (const auto& [label, chunk] : optim_chunks) {
+      const Table t = device_table(adam_tt, chunk);
+      row("adamw " + label + " (28 B/elt)", 28, [&] {
+        adam_kernel<float, false><<<grid_for(t), kThreads>>>(t, adam, scales + 1, nullptr);
+      });
+    }
+    for (const auto& [label, chunk] : optim_chunks) {
+      const Table t = device_table(sgd_tt, chunk);
+      row("sgd momentum " + label + " (20 B/elt)", 20, [&] {
+        sgd_kernel<float, true><<<grid_for(t), kThreads>>>(t, sgd, scales + 1, nullptr);
+      });
+    }
+    CHECK(cudaDeviceSynchronize());
+    float f = -1;
+    CHECK(cudaMemcpy(&f, flag, sizeof(float), cudaMemcpyDeviceToHost));
+    std::printf("%-10s flag after all runs (must be 0): %g\n", l.name.c_str(), f);
+    // The production launch finds an inf at the last element of a middle tensor.
+    const float inf = INFINITY;
+    const int mid = nt / 2;
+    CHECK(cudaMemcpy(lists[1][mid] + l.sizes[mid] - 1, &inf, sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(launch_unscale_and_check(grads_tt, ElementType::kFloat32, scales, flag, 0));
+    CHECK(cudaMemcpy(&f, flag, sizeof(float), cudaMemcpyDeviceToHost));
+    std::printf("%-10s flag after an injected inf (must be 1): %g\n", l.name.c_str(), f);
+    for (auto& list : lists)
+      for (float* p : list) CHECK(cudaFree(p));
+    for (void* p : {static_cast<void*>(steps), static_cast<void*>(src), static_cast<void*>(dst),
+                    static_cast<void*>(flag), static_cast<void*>(scales), static_cast<void*>(dtable),
+                    static_cast<void*>(gtable), static_cast<void*>(stable)})
+      CHECK(cudaFree(p));
+  }
+  return 0;
+}
