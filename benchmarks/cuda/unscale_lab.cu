@@ -63,6 +63,32 @@ __global__ void __launch_bounds__(kThreadsT) flat_unscale(float* x, int64_t n, c
   if (bad) *found_inf = 1.0f;
 }
 
+// Variant: the block's tensor lookup runs on a copy of the offsets in shared memory
+// (one coalesced load instead of a chain of dependent global loads per block).
+constexpr int kSharedOffsets = 2048;
+
+template <typename S, int kThreadsT, int kUnrollT>
+__global__ void __launch_bounds__(kThreadsT) unscale_shared_offsets(Table table, const float* scale, float* found_inf) {
+  __shared__ int64_t offsets[kSharedOffsets + 1];
+  for (int i = threadIdx.x; i <= table.n; i += kThreadsT) offsets[i] = table.offsets[i];
+  __syncthreads();
+  UnscaleOp<S> op;
+  op.inv = inverse_scale<float>(scale);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * table.chunk;
+  const int64_t end = begin + table.chunk < table.total ? begin + table.chunk : table.total;
+  int t = find_tensor(offsets, table.n, begin);
+  for (int64_t pos = begin; pos < end && t < table.n; ++t) {
+    const int64_t t_begin = offsets[t], t_end = offsets[t + 1];
+    const int64_t seg_end = t_end < end ? t_end : end;
+    if (seg_end > pos) {
+      S* ptrs[1] = {static_cast<S*>(table.pointer(0, t))};
+      walk_segment<S, 1, kUnrollT>(ptrs, pos - t_begin, seg_end - t_begin, op);
+    }
+    pos = seg_end;
+  }
+  if (op.bad) *found_inf = 1.0f;
+}
+
 __global__ void fill(float* x, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
@@ -216,6 +242,20 @@ int main() {
       row("unscale " + label, 8, [&] {
         unscale_kernel<float, true, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
       });
+    }
+    {
+      const Table t16 = device_table(grads_tt, 16384), t8 = device_table(grads_tt, 8192);
+      row("unscale 16K, offsets in smem", 8, [&] {
+        unscale_shared_offsets<float, 512, 4><<<grid_for(t16), 512>>>(t16, sc(), flag);
+      });
+      row("unscale 8K, offsets in smem", 8, [&] {
+        unscale_shared_offsets<float, 512, 4><<<grid_for(t8), 512>>>(t8, sc(), flag);
+      });
+      row("unscale 16K 512x8", 8, [&] { unscale_kernel<float, true, 512, 8><<<grid_for(t16), 512>>>(t16, sc(), flag); });
+      row("unscale 16K 256x8", 8, [&] { unscale_kernel<float, true, 256, 8><<<grid_for(t16), 256>>>(t16, sc(), flag); });
+      row("unscale 16K 256x4", 8, [&] { unscale_kernel<float, true, 256, 4><<<grid_for(t16), 256>>>(t16, sc(), flag); });
+      row("unscale 8K 256x4", 8, [&] { unscale_kernel<float, true, 256, 4><<<grid_for(t8), 256>>>(t8, sc(), flag); });
+      row("unscale 16K 1024x2", 8, [&] { unscale_kernel<float, true, 1024, 2><<<grid_for(t16), 1024>>>(t16, sc(), flag); });
     }
     for (const auto& [label, chunk] : unscale_chunks) {
       const Table t = device_table(grads_tt, chunk);
