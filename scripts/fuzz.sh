@@ -23,17 +23,9 @@ esac
 # clang 14 with its runtime libraries (libFuzzer, ASan, UBSan live in libclang-rt-14-dev),
 # zlib for the inflate differential check.
 packages=(cmake make clang libclang-rt-14-dev zlib1g-dev libtorch-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=lib/install_packages.sh
+source "$root/scripts/lib/install_packages.sh"
+install_packages "${packages[@]}"
 
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 # vptr checks compare type info across the uninstrumented LibTorch; off to avoid noise.

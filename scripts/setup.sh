@@ -11,17 +11,9 @@ build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
 packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev
           dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev)
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# shellcheck source=lib/install_packages.sh
+source "$root/scripts/lib/install_packages.sh"
+install_packages "${packages[@]}"
 
 echo "== configuring in $build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release "$@"

@@ -1,6 +1,5 @@
 #include <lucid/optim/fused_adam.h>
 
-#include "compat/torch_compat.h"
 #include "optim/fused_launch.h"
 
 #include <torch/serialize/archive.h>
@@ -78,54 +77,40 @@ FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
-  const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const FusedAdamOptions&>(group.options());
-    check_options(o);
-    const detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                                  o.eps(), o.weight_decay(), o.amsgrad(),
-                                  decoupled_weight_decay_};
-    for (const detail::Bucket& bucket : detail::bucket_group(group, name)) {
-      std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
-      for (size_t i = 0; i < bucket.params.size(); ++i) {
-        const at::Tensor& p = bucket.originals[i];
-        auto& slot = state_[compat::optimizer_state_key<decltype(state_)>(p)];
-        if (!slot) {
-          auto fresh = std::make_unique<FusedAdamParamState>();
-          fresh->step(detail::new_step_counter(p.device()));
-          fresh->exp_avg(at::zeros(p.sizes(), p.options()));
-          fresh->exp_avg_sq(at::zeros(p.sizes(), p.options()));
-          slot = std::move(fresh);
+  detail::for_each_bucket<FusedAdamOptions>(
+      param_groups_, decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam", check_options,
+      [&](const FusedAdamOptions& o, const detail::Bucket& bucket) {
+        const detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
+                                      o.eps(), o.weight_decay(), o.amsgrad(),
+                                      decoupled_weight_decay_};
+        std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
+        for (const at::Tensor& p : bucket.originals) {
+          auto& s = detail::param_state<FusedAdamParamState>(state_, p, [&](FusedAdamParamState& fresh) {
+            fresh.exp_avg(at::zeros(p.sizes(), p.options()));
+            fresh.exp_avg_sq(at::zeros(p.sizes(), p.options()));
+          });
+          if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
+            s.max_exp_avg_sq(at::zeros(p.sizes(), p.options()));
+          }
+          s.exp_avg(detail::on_device(s.exp_avg(), p.device()).contiguous());
+          s.exp_avg_sq(detail::on_device(s.exp_avg_sq(), p.device()).contiguous());
+          exp_avg.push_back(s.exp_avg());
+          exp_avg_sq.push_back(s.exp_avg_sq());
+          if (o.amsgrad()) {
+            s.max_exp_avg_sq(detail::on_device(s.max_exp_avg_sq(), p.device()).contiguous());
+            max_exp_avg_sq.push_back(s.max_exp_avg_sq());
+          }
+          steps.push_back(s.step());
         }
-        auto& s = static_cast<FusedAdamParamState&>(*slot);
-        if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
-          s.max_exp_avg_sq(at::zeros(p.sizes(), p.options()));
-        }
-        s.step(detail::on_device(s.step(), p.device()).to(at::kFloat));
-        s.exp_avg(detail::on_device(s.exp_avg(), p.device()).contiguous());
-        s.exp_avg_sq(detail::on_device(s.exp_avg_sq(), p.device()).contiguous());
-        exp_avg.push_back(s.exp_avg());
-        exp_avg_sq.push_back(s.exp_avg_sq());
+        std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads, exp_avg, exp_avg_sq};
         if (o.amsgrad()) {
-          s.max_exp_avg_sq(detail::on_device(s.max_exp_avg_sq(), p.device()).contiguous());
-          max_exp_avg_sq.push_back(s.max_exp_avg_sq());
+          lists.push_back(max_exp_avg_sq);
         }
-        steps.push_back(s.step());
-      }
-      std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads, exp_avg, exp_avg_sq};
-      if (o.amsgrad()) {
-        lists.push_back(max_exp_avg_sq);
-      }
-      lists.push_back(steps);
-      detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
-    }
-  }
+        lists.push_back(steps);
+        detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+      });
   return loss;
 }
 

@@ -1,13 +1,16 @@
 #pragma once
 
-// Internal: what every fused optimizer's step() shares — gathering a parameter group
-// into per-device, per-dtype buckets, and routing one launch to the CPU or CUDA kernel.
+// Internal: what every fused optimizer's step() shares: the closure, gathering each
+// parameter group into per-device, per-dtype buckets, fetching or making per-parameter
+// state, and routing one launch to the CPU or CUDA kernel.
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
+#include <memory>
 #include <vector>
 
+#include "compat/torch_compat.h"
 #include "optim/fused_hyper.h"
 
 namespace lucid {
@@ -44,6 +47,47 @@ at::Tensor new_step_counter(const at::Device& device);
 
 // `t` on `device` (state loaded from an archive arrives on the CPU).
 at::Tensor on_device(const at::Tensor& t, const at::Device& device);
+
+// What a fused step() does before its kernels: runs the closure (with grad mode on) if
+// there is one, and returns its loss.
+inline torch::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) {
+    return {};
+  }
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+// Calls fn(options, bucket) for every bucket of every parameter group, after
+// check(options) for the group.
+template <typename Options, typename Check, typename Fn>
+void for_each_bucket(std::vector<torch::optim::OptimizerParamGroup>& groups, const char* name,
+                     Check check, Fn fn) {
+  for (auto& group : groups) {
+    const auto& options = static_cast<const Options&>(group.options());
+    check(options);
+    for (const Bucket& bucket : bucket_group(group, name)) {
+      fn(options, bucket);
+    }
+  }
+}
+
+// `p`'s state in `state`, made on first use with a step counter on p's device and then
+// init(state) for the optimizer's own buffers; the counter is kept a float32 on p's
+// device (state loaded from an archive arrives on the CPU).
+template <typename State, typename StateMap, typename Init>
+State& param_state(StateMap& state, const at::Tensor& p, Init init) {
+  auto& slot = state[compat::optimizer_state_key<StateMap>(p)];
+  if (!slot) {
+    auto fresh = std::make_unique<State>();
+    fresh->step(new_step_counter(p.device()));
+    init(*fresh);
+    slot = std::move(fresh);
+  }
+  auto& s = static_cast<State&>(*slot);
+  s.step(on_device(s.step(), p.device()).to(at::kFloat));
+  return s;
+}
 
 }  // namespace detail
 }  // namespace optim

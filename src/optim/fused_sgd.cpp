@@ -1,6 +1,5 @@
 #include <lucid/optim/fused_sgd.h>
 
-#include "compat/torch_compat.h"
 #include "optim/fused_launch.h"
 
 #include <torch/serialize/archive.h>
@@ -65,48 +64,34 @@ FusedSGD::FusedSGD(std::vector<torch::Tensor> params, FusedSGDOptions defaults)
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const FusedSGDOptions&>(group.options());
-    check_options(o);
-    const detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
-                                 o.nesterov()};
-    const bool momentum = o.momentum() != 0;
-    for (const detail::Bucket& bucket : detail::bucket_group(group, "FusedSGD")) {
-      std::vector<at::Tensor> buffers, steps;
-      for (size_t i = 0; i < bucket.params.size(); ++i) {
-        const at::Tensor& p = bucket.originals[i];
-        auto& slot = state_[compat::optimizer_state_key<decltype(state_)>(p)];
-        if (!slot) {
-          auto fresh = std::make_unique<FusedSGDParamState>();
-          fresh->step(detail::new_step_counter(p.device()));
-          slot = std::move(fresh);
-        }
-        auto& s = static_cast<FusedSGDParamState&>(*slot);
-        s.step(detail::on_device(s.step(), p.device()).to(at::kFloat));
-        if (momentum) {
-          // The kernel fills it from the first gradient (step counter 0).
-          if (!s.momentum_buffer().defined()) {
-            s.momentum_buffer(at::zeros(p.sizes(), p.options()));
+  detail::for_each_bucket<FusedSGDOptions>(
+      param_groups_, "FusedSGD", check_options,
+      [&](const FusedSGDOptions& o, const detail::Bucket& bucket) {
+        const detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
+                                     o.nesterov()};
+        const bool momentum = o.momentum() != 0;
+        std::vector<at::Tensor> buffers, steps;
+        for (const at::Tensor& p : bucket.originals) {
+          auto& s = detail::param_state<FusedSGDParamState>(state_, p, [](FusedSGDParamState&) {});
+          if (momentum) {
+            // The kernel fills it from the first gradient (step counter 0).
+            if (!s.momentum_buffer().defined()) {
+              s.momentum_buffer(at::zeros(p.sizes(), p.options()));
+            }
+            s.momentum_buffer(detail::on_device(s.momentum_buffer(), p.device()).contiguous());
+            buffers.push_back(s.momentum_buffer());
           }
-          s.momentum_buffer(detail::on_device(s.momentum_buffer(), p.device()).contiguous());
-          buffers.push_back(s.momentum_buffer());
+          steps.push_back(s.step());
         }
-        steps.push_back(s.step());
-      }
-      std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads};
-      if (momentum) {
-        lists.push_back(buffers);
-      }
-      lists.push_back(steps);
-      detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
-    }
-  }
+        std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads};
+        if (momentum) {
+          lists.push_back(buffers);
+        }
+        lists.push_back(steps);
+        detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+      });
   return loss;
 }
 
