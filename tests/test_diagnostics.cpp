@@ -29,7 +29,9 @@ struct Model {
       p.mutable_grad() = torch::ones_like(p) * 8.0;
     }
   }
-  torch::Tensor& param(const std::string& name) { return net->named_parameters()[name]; }
+  // By value: named_parameters() returns a temporary dict (a reference into it dangles;
+  // found by AddressSanitizer, docs/RELIABILITY.md). The copy shares the parameter.
+  torch::Tensor param(const std::string& name) const { return net->named_parameters()[name]; }
   torch::nn::Sequential net;
 };
 
