@@ -3,7 +3,7 @@
 # build of lucid-amp, its tests and examples (gcc, -O0 -g1 -fsanitize=address,undefined),
 # then all of ctest. LibTorch itself is Debian's build and is not instrumented; ASan
 # still checks every access our code makes and every allocation LibTorch makes through
-# malloc/new. CI runs this after scripts/test.sh (.ci/run).
+# malloc/new. scripts/test.sh (CI's test command) runs this as its last stage.
 #
 # Runtime options (docs/RELIABILITY.md says why each is needed):
 #   ASAN_OPTIONS  detect_leaks=0: LibTorch keeps process-lifetime allocations (operator

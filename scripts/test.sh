@@ -3,6 +3,9 @@
 # whole test suite through ctest. Each test executable is one ctest entry here (its
 # GoogleTest cases run inside it): starting LibTorch once per case would add minutes on
 # 2 cores. Configure with -DLUCID_AMP_DISCOVER_TESTS=ON for one ctest entry per case.
+# Last, the same suite again under AddressSanitizer and UndefinedBehaviorSanitizer
+# (scripts/sanitize.sh, its own build in build-sanitize: about 9 minutes on the 2-core CI
+# machine). LUCID_AMP_SANITIZE=0 leaves that stage out (a quick local run).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
@@ -12,3 +15,7 @@ echo "== running the seed example"
 "$build_dir/examples/seed_example"
 echo "== running the tests"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
+if [ "${LUCID_AMP_SANITIZE:-1}" != 0 ]; then
+  echo "== the whole suite again under ASan + UBSan"
+  "$root/scripts/sanitize.sh"
+fi
