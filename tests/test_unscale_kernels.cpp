@@ -26,6 +26,13 @@ struct Case {
   Backend backend;
 };
 
+// GoogleTest would otherwise print a Case as raw bytes, padding included (valgrind
+// reports that as a use of uninitialised memory).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c10::toString(c.dtype) << " x " << c.numel
+      << (c.backend == Backend::kRouted ? " routed" : " generic");
+}
+
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return std::string(c10::toString(info.param.dtype)) + "_n" + std::to_string(info.param.numel) +
          (info.param.backend == Backend::kRouted ? "_Routed" : "_Generic");

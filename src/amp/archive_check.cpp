@@ -7,8 +7,11 @@
 // corruptions of the code records (found by test_serialize's byte-flip test). The values
 // lucid-amp writes carry their own checksum (NOTE: [GradScaler archive format]), but the
 // crash comes before they are read. So load_scaler checks the zip first: every record
-// where the central directory says, local and central headers agreeing, data inside the
-// file, and the data's CRC-32 equal to the recorded one (deflated records are inflated
+// where the central directory says, local and central headers agreeing, one volume, no
+// flags or directory entries that torch::serialize does not write (byte flips there got
+// past the first version of this check and reached LibTorch's reader, which refused
+// them after reading uninitialised memory under valgrind), data inside the file, and
+// the data's CRC-32 equal to the recorded one (deflated records are inflated
 // here for that, with the small bounds-checked inflater below). Accidental corruption
 // (bit rot, a torn write, truncation) is then refused with a clear error before LibTorch
 // sees it. An archive crafted to keep its CRCs right can still reach LibTorch's parsers:
@@ -341,6 +344,13 @@ size_t check_zip_integrity(const std::string& b, const std::string& source) {
   if (end == size) {
     bad("it has no end-of-central-directory record at its end");
   }
+  // One volume, as torch::serialize writes (miniz refuses the rest after parsing it).
+  // Zip64 archives may put all ones in the 16-bit fields.
+  const auto one_volume16 = [](uint32_t v) { return v == 0 || v == 0xffff; };
+  if (!one_volume16(le16(b, end + 4)) || !one_volume16(le16(b, end + 6)) ||
+      le16(b, end + 8) != le16(b, end + 10)) {
+    bad("its end record describes a multi-volume archive");
+  }
   uint64_t entries = le16(b, end + 10);
   uint64_t cd_size = le32(b, end + 12);
   uint64_t cd_offset = le32(b, end + 16);
@@ -355,6 +365,10 @@ size_t check_zip_integrity(const std::string& b, const std::string& source) {
     const uint64_t at = le64(b, end - 20 + 8);
     if (!within(at, 56, end - 20) || le32(b, at) != kEnd64Sig) {
       bad("its zip64 end record is missing");
+    }
+    if (le32(b, end - 20 + 4) != 0 || le32(b, end - 20 + 16) != 1 || le32(b, at + 16) != 0 ||
+        le32(b, at + 20) != 0 || le64(b, at + 24) != le64(b, at + 32)) {
+      bad("its zip64 records describe a multi-volume archive");
     }
     entries = le64(b, at + 32);
     cd_size = le64(b, at + 40);
@@ -422,6 +436,18 @@ size_t check_zip_integrity(const std::string& b, const std::string& source) {
     if ((flags & 1u) != 0) {
       bad("'" + name + "' is encrypted");
     }
+    // Only the flags torch::serialize writes: sizes in a data descriptor (bit 3) and
+    // UTF-8 names (bit 11); the local header repeats them (checked below).
+    if ((flags & ~0x0808u) != 0) {
+      bad("'" + name + "' has zip flags torch::serialize does not write");
+    }
+    if (le16(b, at + 34) != 0) {
+      bad("'" + name + "' starts on another volume");
+    }
+    // A directory entry (MS-DOS attribute bit, or a name ending in '/') holds no record.
+    if ((le32(b, at + 38) & 0x10u) != 0 || (!name.empty() && name.back() == '/')) {
+      bad("'" + name + "' is marked as a directory");
+    }
     if (!within(local, 30, cd_offset) || le32(b, local) != kLocalSig) {
       bad("the local header of '" + name + "' is missing");
     }
@@ -431,8 +457,8 @@ size_t check_zip_integrity(const std::string& b, const std::string& source) {
         b.compare(local + 30, name_len, name) != 0) {
       bad("the local header of '" + name + "' names another record");
     }
-    if (le16(b, local + 8) != method) {
-      bad("the headers of '" + name + "' disagree on its compression");
+    if (le16(b, local + 8) != method || le16(b, local + 6) != flags) {
+      bad("the headers of '" + name + "' disagree on its compression or flags");
     }
     const uint64_t data = local + 30 + local_name_len + local_extra_len;
     if (!within(data, csize, cd_offset)) {
