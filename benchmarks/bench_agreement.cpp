@@ -194,8 +194,11 @@ int gloo(int world, int iters, char* self) {
     waitpid(pid, &status, 0);
     result |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  std::error_code ignored;  // the throwing overload crashed with PyTorch 2.11 (tests/trainer NOTE)
-  std::filesystem::remove_all(dir, ignored);
+  // The store's file, then the directory: no remove_all, which crashed inside PyTorch
+  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in tests/trainer).
+  std::error_code ignored;
+  std::filesystem::remove(dir + "/store", ignored);
+  std::filesystem::remove(dir, ignored);
   return result;
 }
 
@@ -218,8 +221,11 @@ int nccl(int iters) {
     std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
     run(b);
   }
-  std::error_code ignored;  // the throwing overload crashed with PyTorch 2.11 (tests/trainer NOTE)
-  std::filesystem::remove_all(dir, ignored);
+  // The store's file, then the directory: no remove_all, which crashed inside PyTorch
+  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in tests/trainer).
+  std::error_code ignored;
+  std::filesystem::remove(dir + "/store", ignored);
+  std::filesystem::remove(dir, ignored);
   return 0;
 }
 

@@ -16,6 +16,8 @@
 #include <limits>
 #include <string>
 
+#include "../support/remove_tree.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -35,8 +37,7 @@ class Nccl : public ::testing::Test {
   void TearDown() override {
     group_.reset();
     store_.reset();
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
+    lucid_test::remove_tree(dir_.string());
   }
   torch::Device gpu{torch::kCUDA, 0};
   fs::path dir_;

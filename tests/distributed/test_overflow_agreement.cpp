@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/remove_tree.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -43,8 +45,7 @@ class TempDir {
     path_ = pattern;
   }
   ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
+    lucid_test::remove_tree(path_.string());
   }
   const fs::path& path() const { return path_; }
 

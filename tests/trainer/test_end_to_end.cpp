@@ -12,6 +12,8 @@
 #include "report.h"
 #include "trainer.h"
 
+#include "../support/remove_tree.h"
+
 namespace fs = std::filesystem;
 using namespace lucid::trainer;
 
@@ -39,8 +41,7 @@ TEST(EndToEnd, AccuracyRisesOnASubsetOfFashionMnist) {
 TEST(EndToEnd, ProgramWritesTableCsvAndPlot) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   const fs::path out = fs::temp_directory_path() / "lucid_trainer_e2e";
-  std::error_code ignored;  // NOTE: [std::filesystem and PyTorch's libtorch.so]
-  fs::remove_all(out, ignored);
+  lucid_test::remove_tree(out.string());
   CliOptions o;
   o.compare = true;
   o.modes = {Precision::kFp32, Precision::kFp16Scaled};
@@ -60,5 +61,5 @@ TEST(EndToEnd, ProgramWritesTableCsvAndPlot) {
   if (o.plot) {
     EXPECT_GT(fs::file_size(out / "train_curves.png"), 1000u);
   }
-  fs::remove_all(out, ignored);
+  lucid_test::remove_tree(out.string());
 }
