@@ -97,6 +97,7 @@ void run_cuda_group(const at::Device& device, const std::vector<at::Tensor>& ten
 template <bool kWrite>
 void run_group(Backend backend, const at::Device& device, const std::vector<at::Tensor>& tensors,
                const at::Tensor& scale, at::Tensor& found_inf) {
+  (void)device;  // only the CUDA backend needs it
   switch (backend) {
     case Backend::kCpu:
       run_cpu_group<kWrite>(tensors, scale, found_inf);
@@ -114,7 +115,6 @@ void run_group(Backend backend, const at::Device& device, const std::vector<at::
       }
       break;
   }
-  (void)device;
 }
 
 // The common case, every gradient dense on one device for one backend, runs on the

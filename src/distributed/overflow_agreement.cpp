@@ -35,8 +35,8 @@
 // Work::wait(timeout). A device flag is polled (wait_until_completed below), because
 // ProcessGroupNCCL's Work::wait(timeout) checks for completion only every millisecond:
 // seen on the H200, where an agreement queued behind a step's kernels added 1.1 ms to a
-// 0.7 ms step. In
-// graph-safe mode a non-CPU flag is only stream-ordered after the collective
+// 0.7 ms step.
+// In graph-safe mode a non-CPU flag is only stream-ordered after the collective
 // (Work::wait() without a timeout: ProcessGroupNCCL makes the current stream wait on its
 // own, without blocking the host; with a timeout it would busy-wait on the host), so the
 // agreement adds no host synchronisation and can be captured in a CUDA graph once the
