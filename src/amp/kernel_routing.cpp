@@ -7,6 +7,7 @@
 #endif
 
 #include <atomic>
+#include <optional>
 
 namespace lucid {
 namespace amp {
@@ -120,18 +121,19 @@ void run_group(Backend backend, const at::Device& device, const std::vector<at::
 // The common case, every gradient dense on one device for one backend, runs on the
 // caller's list with no per-tensor copies on the host: at 116M parameters the CUDA pass
 // takes 0.23 ms on an H200, so microseconds of host work show (docs/PERFORMANCE.md).
-bool one_dense_group(const std::vector<at::Tensor>& grads) {
+// Returns that backend, or nothing when the list needs grouping.
+std::optional<Backend> one_dense_backend(const std::vector<at::Tensor>& grads) {
   const at::Tensor& first = grads.front();
   if (first.is_sparse()) {
-    return false;
+    return std::nullopt;
   }
   const Backend backend = backend_for(first);
   for (const auto& grad : grads) {
     if (grad.is_sparse() || grad.device() != first.device() || backend_for(grad) != backend) {
-      return false;
+      return std::nullopt;
     }
   }
-  return true;
+  return backend;
 }
 
 template <bool kWrite>
@@ -140,8 +142,8 @@ void run_groups(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
   if (grads.empty()) {
     return;
   }
-  if (one_dense_group(grads)) {
-    run_group<kWrite>(backend_for(grads.front()), grads.front().device(), grads, scale, found_inf);
+  if (const std::optional<Backend> backend = one_dense_backend(grads)) {
+    run_group<kWrite>(*backend, grads.front().device(), grads, scale, found_inf);
     return;
   }
   for (const LaunchGroup& group : group_by_backend_and_device(grads)) {

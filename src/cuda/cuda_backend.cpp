@@ -151,6 +151,24 @@ void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& s
   });
 }
 
+// One fused optimizer step over `lists` (step counters last): launch(table, type, scale,
+// found_inf, stream) runs the optimizer's kernel, then the counters are incremented; both
+// skip on the device when *found_inf != 0.
+template <typename Launch>
+void fused_step_(const std::vector<std::vector<at::Tensor>>& lists, const at::Tensor& scale,
+                 const at::Tensor& found_inf, Launch launch) {
+  const at::Device device = lists.front().front().device();
+  c10::cuda::CUDAGuard guard(device);
+  at::Tensor scale_here, found_here;
+  const float* scale_ptr = float_on(scale, device, scale_here);
+  const float* found_ptr = float_on(found_inf, device, found_here);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const TensorTable table = make_table(lists);
+  C10_CUDA_CHECK(launch(table, element_type(lists.front().front().scalar_type()), scale_ptr,
+                        found_ptr, stream));
+  C10_CUDA_CHECK(launch_increment_steps(table, table.depth - 1, found_ptr, stream));
+}
+
 }  // namespace
 
 void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
@@ -171,30 +189,20 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
 
 void fused_adam_(const std::vector<std::vector<at::Tensor>>& lists, const AdamHyper& hyper,
                  const at::Tensor& scale, const at::Tensor& found_inf) {
-  const at::Device device = lists.front().front().device();
-  c10::cuda::CUDAGuard guard(device);
-  at::Tensor scale_here, found_here;
-  const float* scale_ptr = float_on(scale, device, scale_here);
-  const float* found_ptr = float_on(found_inf, device, found_here);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const TensorTable table = make_table(lists);
-  C10_CUDA_CHECK(launch_fused_adam(table, element_type(lists.front().front().scalar_type()),
-                                   hyper, scale_ptr, found_ptr, stream));
-  C10_CUDA_CHECK(launch_increment_steps(table, table.depth - 1, found_ptr, stream));
+  fused_step_(lists, scale, found_inf, [&](const TensorTable& table, ElementType type,
+                                           const float* scale_ptr, const float* found_ptr,
+                                           cudaStream_t stream) {
+    return launch_fused_adam(table, type, hyper, scale_ptr, found_ptr, stream);
+  });
 }
 
 void fused_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const SgdHyper& hyper,
                 const at::Tensor& scale, const at::Tensor& found_inf) {
-  const at::Device device = lists.front().front().device();
-  c10::cuda::CUDAGuard guard(device);
-  at::Tensor scale_here, found_here;
-  const float* scale_ptr = float_on(scale, device, scale_here);
-  const float* found_ptr = float_on(found_inf, device, found_here);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const TensorTable table = make_table(lists);
-  C10_CUDA_CHECK(launch_fused_sgd(table, element_type(lists.front().front().scalar_type()),
-                                  hyper, scale_ptr, found_ptr, stream));
-  C10_CUDA_CHECK(launch_increment_steps(table, table.depth - 1, found_ptr, stream));
+  fused_step_(lists, scale, found_inf, [&](const TensorTable& table, ElementType type,
+                                           const float* scale_ptr, const float* found_ptr,
+                                           cudaStream_t stream) {
+    return launch_fused_sgd(table, type, hyper, scale_ptr, found_ptr, stream);
+  });
 }
 
 }  // namespace cuda
