@@ -195,7 +195,8 @@ int gloo(int world, int iters, char* self) {
     result |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
   // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in tests/trainer).
+  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
+  // tests/support/remove_tree.h).
   std::error_code ignored;
   std::filesystem::remove(dir + "/store", ignored);
   std::filesystem::remove(dir, ignored);
@@ -222,7 +223,8 @@ int nccl(int iters) {
     run(b);
   }
   // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in tests/trainer).
+  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
+  // tests/support/remove_tree.h).
   std::error_code ignored;
   std::filesystem::remove(dir + "/store", ignored);
   std::filesystem::remove(dir, ignored);

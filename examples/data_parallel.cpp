@@ -78,7 +78,8 @@ int launch(int world, char** argv, int argc) {
     }
   }
   // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in tests/trainer).
+  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
+  // tests/support/remove_tree.h).
   std::error_code ignored;
   std::filesystem::remove(dir + "/store", ignored);
   std::filesystem::remove(dir, ignored);

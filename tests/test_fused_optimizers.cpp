@@ -241,57 +241,47 @@ TEST(FusedOptimizers, ParamGroupsAndLrSchedulerFollowTorch) {
   expect_close(a, b, 1e-4, 1e-5);
 }
 
-TEST(FusedOptimizers, SaveAndLoadContinueExactly) {
-  auto a = make_params(torch::kFloat, 7), b = clone_params(a);
-  FusedAdamW first(a, FusedAdamWOptions(1e-2).amsgrad(true));
-  FusedAdamW straight(b, FusedAdamWOptions(1e-2).amsgrad(true));
-  for (int step = 0; step < 5; ++step) {
+// Runs `steps` steps on one copy of the parameters, saves the optimizer after `saved_at`
+// of them, loads the archive into a fresh optimizer over a third copy (taken at the
+// save) and finishes with it: the result must equal the uninterrupted run bit for bit.
+// make(params) builds the optimizer (as with torch::optim, the archive carries the
+// state; options come from the constructor).
+template <typename Make>
+void expect_save_and_load_continue_exactly(uint64_t seed, int saved_at, int steps, Make make) {
+  auto a = make_params(torch::kFloat, seed), b = clone_params(a);
+  auto first = make(a), straight = make(b);
+  for (int step = 0; step < saved_at; ++step) {
     set_grads(a, step);
     set_grads(b, step);
-    first.step();
-    straight.step();
+    first->step();
+    straight->step();
   }
   std::stringstream stream;
-  torch::save(first, stream);
+  torch::save(*first, stream);
   auto c = clone_params(a);
-  // As with torch::optim, the archive carries the state; options come from the constructor.
-  FusedAdamW resumed(c, FusedAdamWOptions(1e-2).amsgrad(true));
-  torch::load(resumed, stream);
-  for (int step = 5; step < 10; ++step) {
+  auto resumed = make(c);
+  torch::load(*resumed, stream);
+  for (int step = saved_at; step < steps; ++step) {
     set_grads(c, step);
     set_grads(b, step);
-    resumed.step();
-    straight.step();
+    resumed->step();
+    straight->step();
   }
   for (size_t i = 0; i < c.size(); ++i) {
     EXPECT_TRUE(torch::equal(c[i], b[i])) << "param " << i;
   }
 }
 
+TEST(FusedOptimizers, SaveAndLoadContinueExactly) {
+  expect_save_and_load_continue_exactly(7, 5, 10, [](std::vector<torch::Tensor>& params) {
+    return std::make_unique<FusedAdamW>(params, FusedAdamWOptions(1e-2).amsgrad(true));
+  });
+}
+
 TEST(FusedOptimizers, SgdMomentumSaveAndLoadContinueExactly) {
-  auto a = make_params(torch::kFloat, 8), b = clone_params(a);
-  FusedSGD first(a, FusedSGDOptions(0.1).momentum(0.9));
-  FusedSGD straight(b, FusedSGDOptions(0.1).momentum(0.9));
-  for (int step = 0; step < 3; ++step) {
-    set_grads(a, step);
-    set_grads(b, step);
-    first.step();
-    straight.step();
-  }
-  std::stringstream stream;
-  torch::save(first, stream);
-  auto c = clone_params(a);
-  FusedSGD resumed(c, FusedSGDOptions(0.1).momentum(0.9));
-  torch::load(resumed, stream);
-  for (int step = 3; step < 6; ++step) {
-    set_grads(c, step);
-    set_grads(b, step);
-    resumed.step();
-    straight.step();
-  }
-  for (size_t i = 0; i < c.size(); ++i) {
-    EXPECT_TRUE(torch::equal(c[i], b[i])) << "param " << i;
-  }
+  expect_save_and_load_continue_exactly(8, 3, 6, [](std::vector<torch::Tensor>& params) {
+    return std::make_unique<FusedSGD>(params, FusedSGDOptions(0.1).momentum(0.9));
+  });
 }
 
 TEST(FusedOptimizers, InvalidOptionsAreValueErrors) {

@@ -1,10 +1,15 @@
 #pragma once
 
 // Removes a scratch directory and everything in it, ignoring errors, without
-// std::filesystem::remove_all: PyTorch 2.11's libtorch.so carries its own copy of that
-// function, a program linked against it binds there, and on the H200 machine it crashed
-// on a directory holding files (NOTE: [std::filesystem and PyTorch's libtorch.so] in
-// tests/trainer/test_idx_reader.cpp). POSIX nftw walks the tree instead, children first.
+// std::filesystem::remove_all.
+//
+// NOTE: [std::filesystem and PyTorch's libtorch.so]
+// PyTorch 2.11's libtorch.so carries its own copies of std::filesystem functions, and a
+// program linked against it binds there. On the H200 machine, remove_all of a directory
+// holding files crashed inside that copy (cuda-gdb: a jump to address 0 from
+// libtorch.so's remove_all, both overloads); create_directories with an error_code,
+// remove and temp_directory_path ran. So tests, examples and benchmarks clean up with
+// this function (POSIX nftw, children first) or fs::remove, never remove_all.
 
 #include <ftw.h>
 #include <stdio.h>

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/remove_tree.h"
 #include "idx_reader.h"
 
 namespace fs = std::filesystem;
@@ -41,30 +42,16 @@ class IdxFiles : public ::testing::Test {
     fs::create_directories(dir_, error);
     ASSERT_FALSE(error) << error.message();
   }
-  // NOTE: [std::filesystem and PyTorch's libtorch.so]
-  // PyTorch 2.11's libtorch.so carries its own copies of std::filesystem functions, and a
-  // program linked against it binds there. On the H200 machine, remove_all of a
-  // directory holding files crashed inside that copy (cuda-gdb: a jump to address 0 from
-  // libtorch.so's remove_all, both overloads). So tests remove what they wrote file by
-  // file with fs::remove, which runs there, and call no remove_all on full directories.
-  void TearDown() override {
-    std::error_code ignored;
-    for (const auto& p : written_) {
-      fs::remove(p, ignored);
-    }
-    fs::remove(dir_, ignored);
-  }
+  void TearDown() override { lucid_test::remove_tree(dir_.string()); }
 
   std::string write_plain(const std::string& name, const std::vector<uint8_t>& bytes) {
     const auto p = (dir_ / name).string();
-    written_.push_back(p);
     std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
                                              static_cast<std::streamsize>(bytes.size()));
     return p;
   }
   std::string write_gz(const std::string& name, const std::vector<uint8_t>& bytes) {
     const auto p = (dir_ / name).string();
-    written_.push_back(p);
     gzFile f = gzopen(p.c_str(), "wb");
     gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
     gzclose(f);
@@ -80,7 +67,6 @@ class IdxFiles : public ::testing::Test {
   }
 
   fs::path dir_;
-  std::vector<std::string> written_;
 };
 
 std::vector<uint8_t> pixels(size_t n) {
