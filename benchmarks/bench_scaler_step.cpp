@@ -182,6 +182,9 @@ int main(int argc, char** argv) {
     std::printf("  unscale lucid-amp      %8.3f ms  %7.1f GB/s  %.3f x copy\n", ours, gb / ours, copy_ms / ours);
     std::printf("  unscale lucid-amp, 20 back to back: %.3f ms per call, copy %.3f ms: %.3f x copy; host "
                 "enqueue %.1f us per call\n", ours_kernel, copy_kernel, copy_kernel / ours_kernel, ours_host);
+    // Floors for the host enqueue above: one ATen kernel launch, and the copy's own call.
+    std::printf("  host enqueue floors: found.zero_() %.1f us, copy_ %.1f us\n",
+                host_us([&] { found.zero_(); }), host_us([&] { copy_dst.copy_(copy_src); }));
     std::printf("  unscale ATen (PyTorch) %8.3f ms  %7.1f GB/s  %.3f x copy\n", aten, gb / aten, copy_ms / aten);
     std::printf("  read-only check        %8.3f ms  %7.1f GB/s (4 B/elt)  %.3f of a copy's time\n", check,
                 gb / 2 / check, check / copy_ms);

@@ -228,6 +228,33 @@ TEST_F(Cuda, OwnUnscaleKernelMatchesAReferenceOnManyTensorsAndDtypes) {
   EXPECT_EQ(found.item<float>(), 1.0f);
 }
 
+// Lists longer than the kernels' shared copy of the offsets (4096 tensors) search them in
+// global memory; both ways must find every tensor, empty ones included.
+TEST_F(Cuda, UnscaleAndCheckFindEveryTensorOfShortAndLongLists) {
+  for (int count : {300, 5000}) {
+    std::vector<torch::Tensor> grads;
+    for (int i = 0; i < count; ++i) {
+      grads.push_back(torch::full({(i % 7) * 1031}, 8.0f, gpu));  // every 7th is empty
+    }
+    auto found = torch::zeros({}, gpu);
+    lucid::amp::detail::unscale_grads_(grads, torch::full({}, 4.0f, gpu), found);
+    EXPECT_EQ(found.item<float>(), 0.0f) << count << " tensors";
+    // Every element of every tensor, at once: a tensor the kernel missed still holds 8.
+    EXPECT_TRUE(torch::all(torch::cat(grads) == 2.0f).item<bool>()) << count << " tensors";
+    for (int bad : {1, count / 2, count - 1}) {
+      auto g = grads;
+      g[bad][g[bad].numel() - 1] = std::numeric_limits<float>::quiet_NaN();
+      auto flag = torch::zeros({}, gpu);
+      lucid::amp::detail::check_grads_finite_(g, torch::full({}, 1.0f, gpu), flag);
+      EXPECT_EQ(flag.item<float>(), 1.0f) << "check, tensor " << bad << " of " << count;
+      flag.zero_();
+      lucid::amp::detail::unscale_grads_(g, torch::full({}, 1.0f, gpu), flag);
+      EXPECT_EQ(flag.item<float>(), 1.0f) << "unscale, tensor " << bad << " of " << count;
+      g[bad][g[bad].numel() - 1] = 2.0f;
+    }
+  }
+}
+
 TEST_F(Cuda, ReadOnlyCheckWritesNothingAndFindsOverflowAfterScaling) {
   auto g = torch::full({100003}, 2.0, gpu);
   auto found = torch::zeros({}, gpu);

@@ -162,15 +162,16 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
   for (int64_t i = head_end + nvec * kPer + threadIdx.x; i < hi; i += blockDim.x) scalar(i);
 }
 
-// This block's chunk of the concatenated elements, walked tensor by tensor.
+// This block's chunk of the concatenated elements, walked tensor by tensor. `offsets` is
+// table.offsets or a block's copy of it (stage_offsets).
 template <typename S, int D, int kUnrollT = kUnroll, typename Op>
-__device__ void walk_block_range(const Table& table, Op& op) {
+__device__ void walk_block_range(const Table& table, const int64_t* offsets, Op& op) {
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * table.chunk;
   const int64_t end = begin + table.chunk < table.total ? begin + table.chunk : table.total;
   if (begin >= end) return;
-  int t = find_tensor(table.offsets, table.n, begin);
+  int t = find_tensor(offsets, table.n, begin);
   for (int64_t pos = begin; pos < end && t < table.n; ++t) {
-    const int64_t t_begin = table.offsets[t], t_end = table.offsets[t + 1];
+    const int64_t t_begin = offsets[t], t_end = offsets[t + 1];
     const int64_t seg_end = t_end < end ? t_end : end;
     if (seg_end > pos) {
       S* ptrs[D];
@@ -181,6 +182,34 @@ __device__ void walk_block_range(const Table& table, Op& op) {
     }
     pos = seg_end;
   }
+}
+
+template <typename S, int D, int kUnrollT = kUnroll, typename Op>
+__device__ void walk_block_range(const Table& table, Op& op) {
+  walk_block_range<S, D, kUnrollT>(table, table.offsets, op);
+}
+
+// NOTE: [Offsets in shared memory]
+// A block starts with a binary search over the offsets: a chain of dependent global loads
+// (8 for 144 tensors) before its first gradient load is issued, and then reads the
+// offsets of every tensor its chunk touches. The unscale pass moves only 64 KB per
+// 8K-element chunk, so that latency shows. Timed on the H200 (docs/PERFORMANCE.md,
+// benchmarks/cuda/unscale_lab.cu), a block copy of the offsets in shared memory, one
+// coalesced load, took the pass at 8K chunks from 0.948 to 0.963 of a same-size copy
+// (116M parameters in 144 tensors) and from 0.862 to 0.938 (118M in 1152 mostly small
+// tensors), and the read-only check at 32K chunks from 0.965 to 1.009 and 0.905 to 0.975.
+// The copy costs 8 bytes of L2 traffic per tensor per block; lists of more than
+// kSharedOffsets tensors (32 KB of dynamic shared memory, within the 48 KB a launch gets
+// without opting in; not timed beyond 1152 tensors) search in global memory. The host
+// picks the kernel and sizes the dynamic shared memory to the list. The optimizers move
+// 20-28 bytes per element and were not changed.
+constexpr int kSharedOffsets = 4096;
+
+// The block's shared copy of the n + 1 offsets (dynamic shared memory of that size).
+__device__ const int64_t* stage_offsets(const Table& table, int64_t* shared) {
+  for (int i = threadIdx.x; i <= table.n; i += blockDim.x) shared[i] = table.offsets[i];
+  __syncthreads();
+  return shared;
 }
 
 // ---- operations -----------------------------------------------------------------------
@@ -282,12 +311,16 @@ __device__ __forceinline__ bool skipped(const float* found_inf) {
   return found_inf != nullptr && *found_inf != 0.0f;
 }
 
-template <typename S, bool kWrite, int kThreadsT = kThreads, int kUnrollT = kUnroll>
+// kStageOffsets: NOTE: [Offsets in shared memory]; launched with (n + 1) * 8 bytes of
+// dynamic shared memory when true.
+template <typename S, bool kWrite, bool kStageOffsets, int kThreadsT = kThreads, int kUnrollT = kUnroll>
 __global__ void __launch_bounds__(kThreadsT) unscale_kernel(Table table, const float* scale, float* found_inf) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
+  extern __shared__ int64_t shared_offsets[];
+  const int64_t* offsets = kStageOffsets ? stage_offsets(table, shared_offsets) : table.offsets;
   Op op;
   op.inv = inverse_scale<typename Element<S>::opmath>(scale);
-  walk_block_range<S, 1, kUnrollT>(table, op);
+  walk_block_range<S, 1, kUnrollT>(table, offsets, op);
   if (op.bad) {
     *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
   }
@@ -328,10 +361,16 @@ __global__ void increment_steps_kernel(Table table, int list, const float* found
 // at once, left the unscale pass at 0.71 of copy bandwidth at 116M parameters and the
 // fused AdamW step at 0.79; fixed chunks handed out in order reach 0.95 and 0.96. Blocks
 // then work on neighbouring memory, and a block that finishes early takes the next
-// chunk. 16K elements was the best of 8K-64K for the unscale pass and the optimizers;
+// chunk. 16K elements was the best of 8K-64K for the optimizers, and for the unscale pass
+// while its offsets were searched in global memory;
 // the read-only check (4 bytes per element, nothing written) was best at 32K-64K and
 // lost 6% at 16K.
+// With the offsets in shared memory (NOTE: [Offsets in shared memory]) the unscale pass
+// was best at 8K in two of three calls (within 1% of 16K each time): 0.963 / 0.956 / 0.938
+// of a same-size copy at 116M, 1.29B and 118M in 1152 tensors, against 0.956 / 0.952 /
+// 0.933 at 16K.
 constexpr int64_t kChunkElements = 16384;
+constexpr int64_t kUnscaleChunkElements = 8192;
 constexpr int64_t kCheckChunkElements = 32768;
 
 Table device_table(const TensorTable& t, int64_t chunk = kChunkElements) {
@@ -347,18 +386,26 @@ int grid_for(const Table& table) {
 // on the H200 for the unscale pass (docs/PERFORMANCE.md).
 constexpr int kUnscaleThreads = 512;
 
+// Bytes of dynamic shared memory for a kernel that stages the offsets of `table`.
+size_t offsets_bytes(const Table& table) { return (table.n + 1) * sizeof(int64_t); }
+
 template <typename S, bool kWrite>
 void launch_unscale_typed(const Table& table, const float* scale, float* found_inf,
                           cudaStream_t stream) {
-  unscale_kernel<S, kWrite, kUnscaleThreads, kUnroll><<<grid_for(table), kUnscaleThreads, 0, stream>>>(
-      table, scale, found_inf);
+  if (table.n <= kSharedOffsets) {
+    unscale_kernel<S, kWrite, true, kUnscaleThreads, kUnroll>
+        <<<grid_for(table), kUnscaleThreads, offsets_bytes(table), stream>>>(table, scale, found_inf);
+  } else {
+    unscale_kernel<S, kWrite, false, kUnscaleThreads, kUnroll>
+        <<<grid_for(table), kUnscaleThreads, 0, stream>>>(table, scale, found_inf);
+  }
 }
 
 template <bool kWrite>
 cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* scale,
                            float* found_inf, cudaStream_t stream) {
   if (t.total_elements == 0) return cudaSuccess;
-  const Table table = device_table(t, kWrite ? kChunkElements : kCheckChunkElements);
+  const Table table = device_table(t, kWrite ? kUnscaleChunkElements : kCheckChunkElements);
   switch (type) {
     case ElementType::kFloat32:
       launch_unscale_typed<float, kWrite>(table, scale, found_inf, stream);
