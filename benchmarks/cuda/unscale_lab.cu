@@ -64,6 +64,24 @@ __global__ void __launch_bounds__(kThreadsT) flat_unscale(float* x, int64_t n, c
   if (bad) *found_inf = 1.0f;
 }
 
+// Cache-hinted access policies for the production kernel's vector loop (Access).
+struct StreamingAccess {  // ld.global.cs / st.global.cs: evict first
+  __device__ static uint4 load(const uint4* p) { return __ldcs(p); }
+  __device__ static void store(uint4* p, uint4 v) { __stcs(p, v); }
+};
+struct StreamingStoreAccess {  // plain loads, st.global.cs
+  __device__ static uint4 load(const uint4* p) { return *p; }
+  __device__ static void store(uint4* p, uint4 v) { __stcs(p, v); }
+};
+struct LastUseAccess {  // ld.global.lu (last use), st.global.cs
+  __device__ static uint4 load(const uint4* p) { return __ldlu(p); }
+  __device__ static void store(uint4* p, uint4 v) { __stcs(p, v); }
+};
+struct GlobalCachedAccess {  // ld.global.cg / st.global.cg: L2 only
+  __device__ static uint4 load(const uint4* p) { return __ldcg(p); }
+  __device__ static void store(uint4* p, uint4 v) { __stcg(p, v); }
+};
+
 __global__ void fill(float* x, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
@@ -225,6 +243,20 @@ int main() {
       row("unscale " + label + ", global", 8, [&] {
         unscale_kernel<float, true, false, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
       });
+    }
+    {
+      const Table t8 = device_table(grads_tt, 8192);
+      auto hinted = [&](const std::string& name, auto access) {
+        using A = decltype(access);
+        row("unscale 8K, staged, " + name, 8, [&] {
+          unscale_kernel<float, true, true, kUnscaleThreads, kUnroll, A>
+              <<<grid_for(t8), kUnscaleThreads, offsets_bytes(t8)>>>(t8, sc(), flag);
+        });
+      };
+      hinted("ld.cs/st.cs", StreamingAccess{});
+      hinted("st.cs", StreamingStoreAccess{});
+      hinted("ld.lu/st.cs", LastUseAccess{});
+      hinted("ld.cg/st.cg", GlobalCachedAccess{});
     }
     for (const auto& [label, chunk] : unscale_chunks) {
       const Table t = device_table(grads_tt, chunk);

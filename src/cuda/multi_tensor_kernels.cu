@@ -89,6 +89,15 @@ __device__ __forceinline__ int find_tensor(const int64_t* offsets, int n, int64_
   return lo;
 }
 
+// How the vector loop loads and stores its 16-byte vectors: plain accesses in
+// production. The kernel lab times cache-hinted policies with this parameter; on the
+// H200 none moved the unscale pass by more than 0.5% either way (ld.cs/st.cs, st.cs,
+// ld.lu/st.cs, ld.cg/st.cg; docs/PERFORMANCE.md).
+struct PlainAccess {
+  __device__ static uint4 load(const uint4* p) { return *p; }
+  __device__ static void store(uint4* p, uint4 v) { *p = v; }
+};
+
 template <typename S>
 union Pack {
   uint4 raw;
@@ -97,7 +106,7 @@ union Pack {
 
 // Applies `op` to the elements [lo, hi) of one tensor's `D` lists; op.element(S (&)[D])
 // transforms one element of each list in registers; lists with Op::writes(d) are stored.
-template <typename S, int D, int kUnrollT = kUnroll, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, typename Access = PlainAccess, typename Op>
 __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op) {
   constexpr int kUnroll = kUnrollT;
   constexpr int kPer = 16 / sizeof(S);
@@ -133,7 +142,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
       if (idx < nvec) {
 #pragma unroll
         for (int d = 0; d < D; ++d) {
-          pack[u][d].raw = reinterpret_cast<const uint4*>(ptrs[d] + head_end)[idx];
+          pack[u][d].raw = Access::load(reinterpret_cast<const uint4*>(ptrs[d] + head_end) + idx);
         }
       }
     }
@@ -153,7 +162,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
 #pragma unroll
         for (int d = 0; d < D; ++d) {
           if (Op::writes(d)) {
-            reinterpret_cast<uint4*>(ptrs[d] + head_end)[idx] = pack[u][d].raw;
+            Access::store(reinterpret_cast<uint4*>(ptrs[d] + head_end) + idx, pack[u][d].raw);
           }
         }
       }
@@ -164,7 +173,7 @@ __device__ void walk_segment(S* const (&ptrs)[D], int64_t lo, int64_t hi, Op& op
 
 // This block's chunk of the concatenated elements, walked tensor by tensor. `offsets` is
 // table.offsets or a block's copy of it (stage_offsets).
-template <typename S, int D, int kUnrollT = kUnroll, typename Op>
+template <typename S, int D, int kUnrollT = kUnroll, typename Access = PlainAccess, typename Op>
 __device__ void walk_block_range(const Table& table, const int64_t* offsets, Op& op) {
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * table.chunk;
   const int64_t end = begin + table.chunk < table.total ? begin + table.chunk : table.total;
@@ -178,7 +187,7 @@ __device__ void walk_block_range(const Table& table, const int64_t* offsets, Op&
 #pragma unroll
       for (int d = 0; d < D; ++d) ptrs[d] = static_cast<S*>(table.pointer(d, t));
       op.begin_tensor(table, t);
-      walk_segment<S, D, kUnrollT>(ptrs, pos - t_begin, seg_end - t_begin, op);
+      walk_segment<S, D, kUnrollT, Access>(ptrs, pos - t_begin, seg_end - t_begin, op);
     }
     pos = seg_end;
   }
@@ -313,14 +322,15 @@ __device__ __forceinline__ bool skipped(const float* found_inf) {
 
 // kStageOffsets: NOTE: [Offsets in shared memory]; launched with (n + 1) * 8 bytes of
 // dynamic shared memory when true.
-template <typename S, bool kWrite, bool kStageOffsets, int kThreadsT = kThreads, int kUnrollT = kUnroll>
+template <typename S, bool kWrite, bool kStageOffsets, int kThreadsT = kThreads, int kUnrollT = kUnroll,
+          typename Access = PlainAccess>
 __global__ void __launch_bounds__(kThreadsT) unscale_kernel(Table table, const float* scale, float* found_inf) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
   extern __shared__ int64_t shared_offsets[];
   const int64_t* offsets = kStageOffsets ? stage_offsets(table, shared_offsets) : table.offsets;
   Op op;
   op.inv = inverse_scale<typename Element<S>::opmath>(scale);
-  walk_block_range<S, 1, kUnrollT>(table, offsets, op);
+  walk_block_range<S, 1, kUnrollT, Access>(table, offsets, op);
   if (op.bad) {
     *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
   }
