@@ -6,10 +6,10 @@
 //
 // It includes the production kernel source and launches the production kernels with
 // different chunk sizes (NOTE: [Chunk size]: production uses 8K elements for the unscale
-// pass, 32K for the read-only check, 16K for the optimizers), with the offsets searched in a shared copy or in global memory (NOTE:
-// [Offsets in shared memory]), and the first version's split (one
-// contiguous share per resident block, "contiguous"), so each row differs only in how the
-// flat range of elements is split between blocks. Each variant is timed two ways with CUDA events: one launch
+// pass, 32K for the read-only check, 16K for the optimizers), with the offsets searched
+// in a shared copy or in global memory (NOTE: [Offsets in shared memory]), with cache
+// hints on the vector loop, and with the first version's split (one contiguous share per
+// resident block, "contiguous"). Each variant is timed two ways with CUDA events: one launch
 // between two events (the anchor script's way, median of 30), and 20 launches back to
 // back between two events (host launch gaps hidden). The copy reference is
 // cudaMemcpyAsync of the same bytes (8 per float32 gradient: 4 read, 4 written).

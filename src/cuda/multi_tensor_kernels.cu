@@ -204,9 +204,10 @@ __device__ void walk_block_range(const Table& table, Op& op) {
 // offsets of every tensor its chunk touches. The unscale pass moves only 64 KB per
 // 8K-element chunk, so that latency shows. Timed on the H200 in one call
 // (docs/PERFORMANCE.md, benchmarks/cuda/unscale_lab.cu), a block copy of the offsets in
-// shared memory, one coalesced load, took the pass at 8K chunks from 0.948 to 0.963 of a same-size copy
-// (116M parameters in 144 tensors) and from 0.862 to 0.938 (118M in 1152 mostly small
-// tensors), and the read-only check at 32K chunks from 0.965 to 1.009 and 0.905 to 0.975.
+// shared memory, one coalesced load, took the pass at 8K chunks from 0.948 to 0.963 of a
+// same-size copy (116M parameters in 144 tensors) and from 0.862 to 0.938 (118M in 1152
+// mostly small tensors), and the read-only check at 32K chunks from 0.965 to 1.009 and
+// from 0.905 to 0.975.
 // The copy costs 8 bytes of L2 traffic per tensor per block; lists of more than
 // kSharedOffsets tensors (32 KB of dynamic shared memory, within the 48 KB a launch gets
 // without opting in; not timed beyond 1152 tensors) search in global memory. The host
@@ -376,9 +377,10 @@ __global__ void increment_steps_kernel(Table table, int list, const float* found
 // the read-only check (4 bytes per element, nothing written) was best at 32K-64K and
 // lost 6% at 16K.
 // With the offsets in shared memory (NOTE: [Offsets in shared memory]) 8K and 16K are
-// within 1% of each other for the unscale pass; 8K was ahead in three of four calls (one
-// of them: 0.963 / 0.956 / 0.938 of a same-size copy at 116M, 1.29B and 118M in 1152
-// tensors, against 0.956 / 0.952 / 0.933 at 16K).
+// within 1% of each other for the unscale pass. At 116M each was ahead in some calls; at
+// 1.29B and for 1152 small tensors 8K was ahead in all three calls with the final kernel
+// (one of them: 0.963 / 0.956 / 0.938 of a same-size copy at 116M, 1.29B and 1152
+// tensors, against 0.956 / 0.952 / 0.933 at 16K), so the unscale pass uses 8K.
 constexpr int64_t kChunkElements = 16384;
 constexpr int64_t kUnscaleChunkElements = 8192;
 constexpr int64_t kCheckChunkElements = 32768;
