@@ -7,13 +7,13 @@
 //
 // NOTE: [Multi-tensor ranges]
 // A launch covers a list of tensors as if they were one flat array of N elements, cut
-// into fixed chunks of C elements (16K, 32K for the read-only check; NOTE: [Chunk size]
-// in multi_tensor_kernels.cu): block b takes the elements [b*C, (b+1)*C) of the
-// concatenation, which may span several tensors, so one launch suffices for any list,
-// small tensors share a block, and there are many more blocks than fit at once, so the
-// hardware balances them. Inside a block, each tensor segment is walked in 16-byte
-// vectors where every pointer of the segment is 16-byte aligned, element by element
-// otherwise.
+// into fixed chunks of C elements (8K for the unscale pass, 32K for the read-only check,
+// 16K for the optimizers; NOTE: [Chunk size] in multi_tensor_kernels.cu): block b takes
+// the elements [b*C, (b+1)*C) of the concatenation, which may span several tensors, so
+// one launch suffices for any list, small tensors share a block, and there are many more
+// blocks than fit at once, so the hardware balances them. Inside a block, each tensor
+// segment is walked in 16-byte vectors where every pointer of the segment is 16-byte
+// aligned, element by element otherwise.
 
 #include <cuda_runtime_api.h>
 
