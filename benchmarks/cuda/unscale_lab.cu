@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace lucid::amp::cuda;
@@ -232,42 +233,36 @@ int main() {
     auto contiguous = [&](int per_sm) { return ((n + sms * per_sm - 1) / (sms * per_sm) + 7) & ~int64_t{7}; };
     const std::vector<std::pair<std::string, int64_t>> unscale_chunks = {
         {"contiguous", contiguous(4)}, {"8K", 8192}, {"16K", 16384}, {"32K", 32768}};
-    // Staged: offsets copied to shared memory (NOTE: [Offsets in shared memory]; production
-    // up to kSharedOffsets tensors, timed here for every list); global: searched in place.
-    for (const auto& [label, chunk] : unscale_chunks) {
-      const Table t = device_table(grads_tt, chunk);
-      row("unscale " + label + ", staged", 8, [&] {
-        unscale_kernel<float, true, true, kUnscaleThreads, kUnroll>
-            <<<grid_for(t), kUnscaleThreads, offsets_bytes(t)>>>(t, sc(), flag);
-      });
-      row("unscale " + label + ", global", 8, [&] {
-        unscale_kernel<float, true, false, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
-      });
-    }
+    // One launch of the production unscale kernel: unscale (write) or read-only check;
+    // offsets staged in shared memory (NOTE: [Offsets in shared memory]; production up to
+    // kSharedOffsets tensors, timed here for every list) or searched in global memory;
+    // 16-byte loads and stores through `access`.
+    auto launch = [&](auto write, auto staged, auto access, const Table& t) {
+      constexpr bool kWriteV = decltype(write)::value, kStagedV = decltype(staged)::value;
+      unscale_kernel<float, kWriteV, kStagedV, kUnscaleThreads, kUnroll, decltype(access)>
+          <<<grid_for(t), kUnscaleThreads, kStagedV ? offsets_bytes(t) : 0>>>(t, sc(), flag);
+    };
+    auto staged_and_global = [&](auto write, const std::string& what, double bytes_per_element) {
+      for (const auto& [label, chunk] : unscale_chunks) {
+        const Table t = device_table(grads_tt, chunk);
+        row(what + " " + label + ", staged", bytes_per_element,
+            [&] { launch(write, std::true_type{}, PlainAccess{}, t); });
+        row(what + " " + label + ", global", bytes_per_element,
+            [&] { launch(write, std::false_type{}, PlainAccess{}, t); });
+      }
+    };
+    staged_and_global(std::true_type{}, "unscale", 8);
     {
       const Table t8 = device_table(grads_tt, 8192);
       auto hinted = [&](const std::string& name, auto access) {
-        using A = decltype(access);
-        row("unscale 8K, staged, " + name, 8, [&] {
-          unscale_kernel<float, true, true, kUnscaleThreads, kUnroll, A>
-              <<<grid_for(t8), kUnscaleThreads, offsets_bytes(t8)>>>(t8, sc(), flag);
-        });
+        row("unscale 8K, staged, " + name, 8, [&] { launch(std::true_type{}, std::true_type{}, access, t8); });
       };
       hinted("ld.cs/st.cs", StreamingAccess{});
       hinted("st.cs", StreamingStoreAccess{});
       hinted("ld.lu/st.cs", LastUseAccess{});
       hinted("ld.cg/st.cg", GlobalCachedAccess{});
     }
-    for (const auto& [label, chunk] : unscale_chunks) {
-      const Table t = device_table(grads_tt, chunk);
-      row("check " + label + ", staged", 4, [&] {
-        unscale_kernel<float, false, true, kUnscaleThreads, kUnroll>
-            <<<grid_for(t), kUnscaleThreads, offsets_bytes(t)>>>(t, sc(), flag);
-      });
-      row("check " + label + ", global", 4, [&] {
-        unscale_kernel<float, false, false, kUnscaleThreads, kUnroll><<<grid_for(t), kUnscaleThreads>>>(t, sc(), flag);
-      });
-    }
+    staged_and_global(std::false_type{}, "check", 4);
     AdamHyper adam{};
     adam.lr = 1e-3; adam.beta1 = 0.9; adam.beta2 = 0.999; adam.eps = 1e-8; adam.weight_decay = 1e-2;
     adam.decoupled_weight_decay = true;
