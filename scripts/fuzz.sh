@@ -31,9 +31,11 @@ flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefin
 # vptr checks compare type info across the uninstrumented LibTorch; off to avoid noise.
 flags+=" -fno-sanitize=vptr -fno-omit-frame-pointer -g"
 echo "== configuring the fuzz build in $build_dir (clang++)"
+# The log stays inside the (git-ignored) build folder.
+mkdir -p "$build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_CXX_FLAGS="$flags" -DLUCID_AMP_BUILD_TESTS=OFF -DLUCID_AMP_BUILD_EXAMPLES=OFF \
-  -DLUCID_AMP_BUILD_FUZZERS=ON >"$build_dir.configure.log" 2>&1 || { cat "$build_dir.configure.log"; exit 1; }
+  -DLUCID_AMP_BUILD_FUZZERS=ON >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log"; exit 1; }
 echo "== building fuzz_state_load"
 cmake --build "$build_dir" -j "$(nproc)" --target fuzz_state_load
 fuzzer=$build_dir/fuzz/fuzz_state_load
