@@ -7,12 +7,11 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+# shellcheck source=lib/gpu_configure.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/gpu_configure.sh"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT/gpu.txt"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DLUCID_AMP_GTEST_SOURCE_DIR="$PWD/.vendor/googletest" -DLUCID_AMP_BUILD_BENCHMARKS=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+configure_gpu_build build-gpu "$OUT/configure.log" -DLUCID_AMP_BUILD_BENCHMARKS=ON || exit 1
 grep "lucid_amp:" "$OUT/configure.log"
 cmake --build build-gpu -j 16 -- -k 0 >"$OUT/build.log" 2>&1 || grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60
 ctest --test-dir build-gpu --output-on-failure -j 8 >"$OUT/ctest.log" 2>&1

@@ -8,12 +8,11 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+# shellcheck source=lib/gpu_configure.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/gpu_configure.sh"
 python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' \
   | tee "$OUT/versions.txt"
-cmake -S . -B build-dist -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DLUCID_AMP_GTEST_SOURCE_DIR="$PWD/.vendor/googletest" -DLUCID_AMP_BUILD_BENCHMARKS=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+configure_gpu_build build-dist "$OUT/configure.log" -DLUCID_AMP_BUILD_BENCHMARKS=ON || exit 1
 grep -E "lucid_amp:|NCCL|gloo" "$OUT/configure.log"
 # Only this issue's targets (those configured: Gloo/NCCL parts depend on what was found).
 targets=$(ninja -C build-dist -t targets all | sed -n 's/^\([a-z_]*\): phony$/\1/p' | grep -xE \

@@ -7,12 +7,11 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$sanitizer" ] || { echo "compute-sanitizer not found"; exit 1; }
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DLUCID_AMP_GTEST_SOURCE_DIR="$PWD/.vendor/googletest" -DCMAKE_CUDA_ARCHITECTURES=90 \
-  >"$OUT/sanitize_configure.log" 2>&1 || { tail -40 "$OUT/sanitize_configure.log"; exit 1; }
+# shellcheck source=lib/gpu_configure.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/gpu_configure.sh"
+configure_gpu_build build-gpu "$OUT/sanitize_configure.log" || exit 1
 cmake --build build-gpu -j 16 --target test_cuda >"$OUT/sanitize_build.log" 2>&1 ||
   { grep -E "error|FAILED" -A3 "$OUT/sanitize_build.log" | head -40; exit 1; }
 # Without the caching allocator every tensor is its own allocation, so an access past a
