@@ -151,6 +151,15 @@ void run(Bench& b) {
         }, b.sync));
 }
 
+// Removes a run's scratch directory: the store's file, then the directory. No
+// remove_all, which crashed inside PyTorch 2.11's libtorch.so (NOTE: [std::filesystem and
+// PyTorch's libtorch.so] in tests/support/remove_tree.h).
+void remove_store_dir(const std::string& dir) {
+  std::error_code ignored;
+  std::filesystem::remove(dir + "/store", ignored);
+  std::filesystem::remove(dir, ignored);
+}
+
 int gloo_rank(int rank, int world, int iters, const std::string& store_path) {
   const auto timeout = std::chrono::seconds(60);
   auto store = lucid::distributed::make_file_store(store_path, world, timeout);
@@ -194,12 +203,7 @@ int gloo(int world, int iters, char* self) {
     waitpid(pid, &status, 0);
     result |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
-  // tests/support/remove_tree.h).
-  std::error_code ignored;
-  std::filesystem::remove(dir + "/store", ignored);
-  std::filesystem::remove(dir, ignored);
+  remove_store_dir(dir);
   return result;
 }
 
@@ -222,12 +226,7 @@ int nccl(int iters) {
     std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
     run(b);
   }
-  // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
-  // tests/support/remove_tree.h).
-  std::error_code ignored;
-  std::filesystem::remove(dir + "/store", ignored);
-  std::filesystem::remove(dir, ignored);
+  remove_store_dir(dir);
   return 0;
 }
 
