@@ -340,7 +340,7 @@ struct Real {
       }
     }
   }
-  int index_of(const torch::optim::Optimizer* p) const {
+  int index_of(const void* p) const {
     for (int k = 0; k < kOptimizers; ++k) {
       if (opt[k].get() == p) {
         return k;

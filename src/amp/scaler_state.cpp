@@ -67,6 +67,20 @@ void check_scale_within_guards(float scale, double min_scale, double max_scale,
                     "; pass a scale <= max_scale or raise max_scale.");
 }
 
+void validate_options(const GradScalerOptions& options) {
+  const float init_scale = checked_scale(options.init_scale(), "init_scale");
+  check_growth_factor(options.growth_factor());
+  check_backoff_factor(options.backoff_factor());
+  check_growth_interval(options.growth_interval());
+  // The guards (NOTE: [Guards] in scale_schedule.h); off by default.
+  check_min_scale(options.min_scale());
+  check_max_scale(options.max_scale());
+  TORCH_CHECK_VALUE(options.min_scale() <= options.max_scale(), "GradScaler: min_scale ",
+                    options.min_scale(), " is above max_scale ", options.max_scale(), ".");
+  check_hysteresis(options.hysteresis());
+  check_scale_within_guards(init_scale, options.min_scale(), options.max_scale(), "init_scale");
+}
+
 int64_t checked_integer(double value, const char* key, const char* who) {
   TORCH_CHECK_VALUE(std::isfinite(value) && std::floor(value) == value &&
                         std::abs(value) <= static_cast<double>(std::numeric_limits<int32_t>::max()),

@@ -3,6 +3,8 @@
 // Internal: the checks every source of a scaler's state goes through (options, update's
 // new_scale, load_state_dict, archives), and the snapshot state I/O is built on.
 
+#include <lucid/amp/grad_scaler_options.h>
+
 #include <c10/util/Exception.h>
 
 #include <cstdint>
@@ -29,6 +31,9 @@ void check_hysteresis(int64_t value);
 void check_scale_within_guards(float scale, double min_scale, double max_scale, const char* what);
 // A state_dict carries integers as doubles: a whole number within int32's range.
 int64_t checked_integer(double value, const char* key, const char* who);
+
+// Every option and the relations between them (the GradScaler constructor).
+void validate_options(const GradScalerOptions& options);
 
 // Everything that defines a scaler's schedule from here on.
 struct ScalerSnapshot {

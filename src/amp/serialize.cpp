@@ -25,6 +25,7 @@
 
 #include "amp/archive_check.h"
 #include "amp/archive_format.h"
+#include "amp/scaler_core.h"
 #include "amp/scaler_state.h"
 
 #include <c10/util/Exception.h>
@@ -43,19 +44,69 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
+namespace {
+
+ArchiveField int_field(const char* key, int64_t ArchiveRecord::*member) {
+  return {key, ArchiveKind::kInt, member, nullptr, nullptr};
+}
+ArchiveField double_field(const char* key, double ArchiveRecord::*member) {
+  return {key, ArchiveKind::kDouble, nullptr, member, nullptr};
+}
+ArchiveField bool_field(const char* key, bool ArchiveRecord::*member) {
+  return {key, ArchiveKind::kBool, nullptr, nullptr, member};
+}
+
+}  // namespace
+
 const std::vector<ArchiveField>& archive_fields() {
+  using R = ArchiveRecord;
   static const std::vector<ArchiveField> fields = {
-      {"enabled", ArchiveKind::kBool},           {"scale", ArchiveKind::kDouble},
-      {"growth_factor", ArchiveKind::kDouble},   {"backoff_factor", ArchiveKind::kDouble},
-      {"growth_interval", ArchiveKind::kInt},    {"growth_tracker", ArchiveKind::kInt},
-      {"min_scale", ArchiveKind::kDouble},       {"max_scale", ArchiveKind::kDouble},
-      {"hysteresis", ArchiveKind::kInt},         {"overflow_tracker", ArchiveKind::kInt},
-      {"steps_taken", ArchiveKind::kInt},        {"steps_skipped", ArchiveKind::kInt},
-      {"updates", ArchiveKind::kInt},            {"overflow_updates", ArchiveKind::kInt},
-      {"backoffs", ArchiveKind::kInt},           {"growths", ArchiveKind::kInt},
-      {"overflow_streak", ArchiveKind::kInt},
+      bool_field("enabled", &R::enabled),
+      double_field("scale", &R::scale),
+      double_field("growth_factor", &R::growth_factor),
+      double_field("backoff_factor", &R::backoff_factor),
+      int_field("growth_interval", &R::growth_interval),
+      int_field("growth_tracker", &R::growth_tracker),
+      double_field("min_scale", &R::min_scale),
+      double_field("max_scale", &R::max_scale),
+      int_field("hysteresis", &R::hysteresis),
+      int_field("overflow_tracker", &R::overflow_tracker),
+      int_field("steps_taken", &R::steps_taken),
+      int_field("steps_skipped", &R::steps_skipped),
+      int_field("updates", &R::updates),
+      int_field("overflow_updates", &R::overflow_updates),
+      int_field("backoffs", &R::backoffs),
+      int_field("growths", &R::growths),
+      int_field("overflow_streak", &R::overflow_streak),
   };
   return fields;
+}
+
+c10::IValue read_field(const ArchiveRecord& record, const ArchiveField& field) {
+  switch (field.kind) {
+    case ArchiveKind::kInt:
+      return c10::IValue(record.*field.int_member);
+    case ArchiveKind::kDouble:
+      return c10::IValue(record.*field.double_member);
+    case ArchiveKind::kBool:
+      return c10::IValue(record.*field.bool_member);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown archive field kind");
+}
+
+void write_field(ArchiveRecord& record, const ArchiveField& field, const c10::IValue& value) {
+  switch (field.kind) {
+    case ArchiveKind::kInt:
+      record.*field.int_member = value.toInt();
+      return;
+    case ArchiveKind::kDouble:
+      record.*field.double_member = value.toDouble();
+      return;
+    case ArchiveKind::kBool:
+      record.*field.bool_member = value.toBool();
+      return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown archive field kind");
 }
 
 namespace {
@@ -166,62 +217,67 @@ void check_counters(const ScalerCounters& c) {
                     "); the archive is not a GradScaler checkpoint.");
 }
 
-}  // namespace
+detail::ArchiveRecord to_record(bool enabled, const detail::ScalerSnapshot& s,
+                                const ScalerCounters& c) {
+  detail::ArchiveRecord r;
+  r.enabled = enabled;
+  r.scale = static_cast<double>(s.scale);
+  r.growth_factor = s.growth_factor;
+  r.backoff_factor = s.backoff_factor;
+  r.growth_interval = s.growth_interval;
+  r.growth_tracker = s.growth_tracker;
+  r.min_scale = s.min_scale;
+  r.max_scale = s.max_scale;
+  r.hysteresis = s.hysteresis;
+  r.overflow_tracker = s.overflow_tracker;
+  r.steps_taken = c.steps_taken;
+  r.steps_skipped = c.steps_skipped;
+  r.updates = c.updates;
+  r.overflow_updates = c.overflow_updates;
+  r.backoffs = c.backoffs;
+  r.growths = c.growths;
+  r.overflow_streak = c.overflow_streak;
+  return r;
+}
 
-detail::ScalerSnapshot GradScaler::snapshot_() const {
+// The schedule an archive holds, checked as every other source of state is.
+detail::ScalerSnapshot snapshot_of(const detail::ArchiveRecord& r) {
   detail::ScalerSnapshot s;
-  s.scale = scale_.defined() ? scale_.item<float>() : pending_scale_;
-  s.growth_factor = options_.growth_factor();
-  s.backoff_factor = options_.backoff_factor();
-  s.growth_interval = options_.growth_interval();
-  s.growth_tracker = growth_tracker_value_();
-  s.min_scale = options_.min_scale();
-  s.max_scale = options_.max_scale();
-  s.hysteresis = options_.hysteresis();
-  s.overflow_tracker = overflow_tracker_value_();
+  s.scale = detail::checked_scale(r.scale, "state 'scale'");
+  TORCH_CHECK_VALUE(static_cast<double>(s.scale) == r.scale, kLoad, ": 'scale' ", r.scale,
+                    " is not a float32 value; the archive was not written by GradScaler::save.");
+  s.growth_factor = r.growth_factor;
+  s.backoff_factor = r.backoff_factor;
+  s.growth_interval = r.growth_interval;
+  s.growth_tracker = r.growth_tracker;
+  s.min_scale = r.min_scale;
+  s.max_scale = r.max_scale;
+  s.hysteresis = r.hysteresis;
+  s.overflow_tracker = r.overflow_tracker;
+  detail::validate_snapshot(s, kLoad);
   return s;
 }
 
-void GradScaler::apply_(const detail::ScalerSnapshot& s, const ScalerCounters* counters) {
-  if (counters != nullptr) {
-    diag_.pending.clear();  // outcomes of the run the archive replaces
-  } else {
-    resolve_pending_();  // outcomes of the old schedule, counted with the old trackers
-  }
-  options_.growth_factor(s.growth_factor)
-      .backoff_factor(s.backoff_factor)
-      .growth_interval(s.growth_interval)
-      .min_scale(s.min_scale)
-      .max_scale(s.max_scale)
-      .hysteresis(s.hysteresis);
-  if (scale_.defined()) {
-    scale_.fill_(s.scale);
-    growth_tracker_.fill_(s.growth_tracker);
-    if (overflow_tracker_.defined()) {
-      overflow_tracker_.fill_(s.overflow_tracker);
-    } else {
-      pending_overflow_tracker_ = s.overflow_tracker;
-      if (guarded_update_()) {
-        ensure_overflow_tracker_();
-      }
-    }
-  } else {
-    pending_scale_ = s.scale;
-    pending_growth_tracker_ = s.growth_tracker;
-    pending_overflow_tracker_ = s.overflow_tracker;
-  }
-  diag_.growth_tracker = static_cast<int32_t>(s.growth_tracker);
-  diag_.overflow_tracker = static_cast<int32_t>(s.overflow_tracker);
-  if (counters != nullptr) {
-    diag_.counters = *counters;
-  }
+ScalerCounters counters_of(const detail::ArchiveRecord& r) {
+  ScalerCounters c;
+  c.steps_taken = r.steps_taken;
+  c.steps_skipped = r.steps_skipped;
+  c.updates = r.updates;
+  c.overflow_updates = r.overflow_updates;
+  c.backoffs = r.backoffs;
+  c.growths = r.growths;
+  c.overflow_streak = r.overflow_streak;
+  check_counters(c);
+  return c;
 }
 
+}  // namespace
+
 std::map<std::string, double> GradScaler::state_dict() const {
-  if (!options_.enabled()) {
+  if (!is_enabled()) {
     return {};  // as PyTorch: a disabled scaler has no state
   }
-  const detail::ScalerSnapshot s = snapshot_();
+  const detail::ScalerSnapshot s = core_().snapshot();
   std::map<std::string, double> state = {
       {"scale", static_cast<double>(s.scale)},
       {"growth_factor", s.growth_factor},
@@ -243,9 +299,10 @@ std::map<std::string, double> GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
-  if (!options_.enabled()) {
+  if (!is_enabled()) {
     return;  // nothing to load into a pass-through, as PyTorch
   }
+  const GradScalerOptions& options = core_().options();
   // Read and validate everything first, so that a bad map leaves the scaler as it was.
   detail::ScalerSnapshot s;
   s.scale = detail::checked_scale(required(state, "scale"), "state 'scale'");
@@ -271,38 +328,32 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   // Guard keys are optional: absent, the scaler keeps its own guards (a map from PyTorch
   // or from an unguarded scaler says nothing about them); absent overflow_tracker is 0.
   const double* min_scale = optional_entry(state, "min_scale");
-  s.min_scale = min_scale != nullptr ? *min_scale : options_.min_scale();
+  s.min_scale = min_scale != nullptr ? *min_scale : options.min_scale();
   const double* max_scale = optional_entry(state, "max_scale");
-  s.max_scale = max_scale != nullptr ? *max_scale : options_.max_scale();
+  s.max_scale = max_scale != nullptr ? *max_scale : options.max_scale();
   const double* hysteresis = optional_entry(state, "hysteresis");
   s.hysteresis = hysteresis != nullptr
                      ? detail::checked_integer(*hysteresis, "hysteresis", kLoadStateDict)
-                     : options_.hysteresis();
+                     : options.hysteresis();
   const double* overflow_tracker = optional_entry(state, "overflow_tracker");
   s.overflow_tracker =
       overflow_tracker != nullptr
           ? detail::checked_integer(*overflow_tracker, "overflow_tracker", kLoadStateDict)
           : 0;
   detail::validate_snapshot(s, kLoadStateDict);
-  apply_(s, nullptr);
+  core_().apply(s, nullptr);
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
-  resolve_pending_();  // the counters are saved too
-  const detail::ScalerSnapshot s = snapshot_();
-  const ScalerCounters& c = diag_.counters;
-  const std::vector<c10::IValue> values = {
-      c10::IValue(options_.enabled()),    c10::IValue(static_cast<double>(s.scale)),
-      c10::IValue(s.growth_factor),       c10::IValue(s.backoff_factor),
-      c10::IValue(s.growth_interval),     c10::IValue(s.growth_tracker),
-      c10::IValue(s.min_scale),           c10::IValue(s.max_scale),
-      c10::IValue(s.hysteresis),          c10::IValue(s.overflow_tracker),
-      c10::IValue(c.steps_taken),         c10::IValue(c.steps_skipped),
-      c10::IValue(c.updates),             c10::IValue(c.overflow_updates),
-      c10::IValue(c.backoffs),            c10::IValue(c.growths),
-      c10::IValue(c.overflow_streak),
-  };
+  // The counters are saved too: settle the ones still queued on the device first.
+  const ScalerCounters counters = this->counters();
+  const detail::ArchiveRecord record = to_record(is_enabled(), core_().snapshot(), counters);
   const auto& fields = detail::archive_fields();
+  std::vector<c10::IValue> values;
+  values.reserve(fields.size());
+  for (const auto& field : fields) {
+    values.push_back(detail::read_field(record, field));
+  }
   torch::serialize::OutputArchive child(archive.compilation_unit());
   child.write("format_version", c10::IValue(kGradScalerArchiveVersion));
   for (size_t i = 0; i < fields.size(); ++i) {
@@ -346,39 +397,21 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
               ", computed ", expected, "); the archive is corrupt. Nothing was loaded.");
 
   // Then the values, with the checks every other source of state goes through.
-  const bool enabled = values[0].toBool();
-  detail::ScalerSnapshot s;
-  const double scale = values[1].toDouble();
-  s.scale = detail::checked_scale(scale, "state 'scale'");
-  TORCH_CHECK_VALUE(static_cast<double>(s.scale) == scale, kLoad, ": 'scale' ", scale,
-                    " is not a float32 value; the archive was not written by GradScaler::save.");
-  s.growth_factor = values[2].toDouble();
-  s.backoff_factor = values[3].toDouble();
-  s.growth_interval = values[4].toInt();
-  s.growth_tracker = values[5].toInt();
-  s.min_scale = values[6].toDouble();
-  s.max_scale = values[7].toDouble();
-  s.hysteresis = values[8].toInt();
-  s.overflow_tracker = values[9].toInt();
-  detail::validate_snapshot(s, kLoad);
-  ScalerCounters c;
-  c.steps_taken = values[10].toInt();
-  c.steps_skipped = values[11].toInt();
-  c.updates = values[12].toInt();
-  c.overflow_updates = values[13].toInt();
-  c.backoffs = values[14].toInt();
-  c.growths = values[15].toInt();
-  c.overflow_streak = values[16].toInt();
-  check_counters(c);
+  detail::ArchiveRecord record;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    detail::write_field(record, fields[i], values[i]);
+  }
+  const detail::ScalerSnapshot s = snapshot_of(record);
+  const ScalerCounters c = counters_of(record);
 
-  if (!options_.enabled()) {
+  if (!is_enabled()) {
     return;  // checked, and ignored, as load_state_dict does for a disabled scaler
   }
-  TORCH_CHECK_VALUE(enabled, kLoad,
+  TORCH_CHECK_VALUE(record.enabled, kLoad,
                     ": the archive was saved from a disabled GradScaler and holds no state "
                     "to load into this enabled one; build this scaler with enabled(false), or "
                     "load a checkpoint of an enabled scaler.");
-  apply_(s, &c);
+  core_().apply(s, &c);
 }
 
 namespace {

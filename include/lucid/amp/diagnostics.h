@@ -2,7 +2,7 @@
 
 // What a GradScaler tells about itself when things go wrong: which gradients overflowed,
 // counters of steps and scale changes, and the event handed to a backoff callback.
-// NOTE: [Diagnostics without host synchronisation] in src/amp/diagnostics.cpp says where
+// NOTE: [Diagnostics without host synchronisation] in src/amp/scaler_diagnostics.h says where
 // each number comes from and what it costs.
 
 #include <c10/core/Device.h>
@@ -15,20 +15,14 @@
 #include <string>
 #include <vector>
 
-namespace torch {
-namespace optim {
-class Optimizer;
-}  // namespace optim
-}  // namespace torch
-
 namespace lucid {
 namespace amp {
 
 /// One gradient that held inf or NaN after unscaling.
 struct NonFiniteGradient {
-  /// The optimizer the parameter belongs to; for comparing with `&optimizer` only (it is
-  /// not kept alive and may dangle once the optimizer is gone).
-  const torch::optim::Optimizer* optimizer = nullptr;
+  /// The key of the optimizer the parameter belongs to (OptimizerView::key: `&optimizer`
+  /// for a C++ optimizer); for comparing only, it is not kept alive.
+  const void* optimizer = nullptr;
   /// Index of the parameter group in `optimizer->param_groups()`.
   size_t param_group = 0;
   /// Index of the parameter within that group.

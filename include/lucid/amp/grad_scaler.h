@@ -1,24 +1,25 @@
 #pragma once
 
-// lucid::amp::GradScaler: dynamic loss scaling for mixed-precision training.
-// The contract is ../shared/spec (seed page + cpp-api.md); NOTE: [Scaler state on the
-// device] in src/amp/grad_scaler.cpp says where the scale lives and why.
+// lucid::amp::GradScaler: dynamic loss scaling for mixed-precision training, the C++
+// form of PyTorch's torch.amp.GradScaler (README: "The contract"). NOTE: [Scaler state
+// on the device] in src/amp/scale_schedule.h says where the scale lives and why.
+//
+// This header is the front for torch::optim::Optimizer; the scaler's state lives in an
+// opaque core (src/amp/scaler_core.h) that works on OptimizerViews, so that its layout can
+// change without changing this class's size or users' binaries.
 
 #include <lucid/amp/diagnostics.h>
+#include <lucid/amp/grad_scaler_options.h>
+#include <lucid/amp/optimizer_view.h>
 
 #include <ATen/ATen.h>
-#include <c10/util/intrusive_ptr.h>
-#include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 
-#include <cstdint>
-#include <functional>
-#include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace torch {
@@ -31,41 +32,8 @@ class InputArchive;
 namespace lucid {
 namespace amp {
 namespace detail {
-struct ScalerSnapshot;
+class ScalerCore;
 }  // namespace detail
-
-/// Options of a GradScaler; validated once, by the GradScaler constructor.
-struct GradScalerOptions {
-  /// Initial loss scale: finite and > 0.
-  TORCH_ARG(double, init_scale) = 65536.0;
-  /// Multiplier after `growth_interval` overflow-free updates: finite and > 1.
-  TORCH_ARG(double, growth_factor) = 2.0;
-  /// Multiplier after an overflow: in (0, 1).
-  TORCH_ARG(double, backoff_factor) = 0.5;
-  /// Overflow-free updates needed before the scale grows: >= 1.
-  TORCH_ARG(int64_t, growth_interval) = 2000;
-  /// When false the scaler is a transparent pass-through.
-  TORCH_ARG(bool, enabled) = true;
-  /// Opt-in: step() never reads the overflow flag back; skipping happens on the device
-  /// inside a lucid::optim fused optimizer (any other optimizer is refused), and step()
-  /// returns the optimizer's value even when the update was skipped. Lets a whole
-  /// training step be captured in a CUDA graph. Off: the seed's behaviour.
-  TORCH_ARG(bool, graph_safe) = false;
-  /// Guard (0 = off): the smallest scale allowed. A backoff that would take the scale
-  /// below it throws c10::Error ("the loss is diverging") and changes nothing, instead of
-  /// skipping every step while the scale collapses. Finite, >= 0, <= init_scale.
-  TORCH_ARG(double, min_scale) = 0.0;
-  /// Guard (+inf = off): growth stops at this scale (clamped on the device). > 0, at most
-  /// float32's largest value (or +inf), >= init_scale and >= min_scale.
-  TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
-  /// Guard (1 = off): back off only after this many consecutive overflowing updates
-  /// (Megatron-LM's and DeepSpeed's hysteresis); the overflowing steps are still skipped.
-  /// In [1, 2147483647].
-  TORCH_ARG(int64_t, hysteresis) = 1;
-};
-
-/// Where one optimizer is in the current iteration (seed: ready -> unscaled -> stepped).
-enum class OptimizerStage { kReady, kUnscaled, kStepped };
 
 /// Dynamic loss scaler: scale the loss, unscale and check the gradients, skip the step
 /// on overflow, and adapt the scale in a sawtooth.
@@ -76,8 +44,10 @@ class GradScaler {
 
   GradScaler(const GradScaler&) = delete;
   GradScaler& operator=(const GradScaler&) = delete;
-  GradScaler(GradScaler&&) = default;
-  GradScaler& operator=(GradScaler&&) = default;
+  /// A moved-from scaler may only be destroyed or assigned to.
+  GradScaler(GradScaler&&) noexcept;
+  GradScaler& operator=(GradScaler&&) noexcept;
+  ~GradScaler();
 
   /// Returns `outputs * scale`, at least float32, keeping the autograd graph.
   torch::Tensor scale(const torch::Tensor& outputs);
@@ -101,7 +71,7 @@ class GradScaler {
   double get_scale() const;
   /// The scale as the 0-dim float32 device tensor it lives in (undefined until the first
   /// scale(), unscale_() or step()); for kernels that read it without a host sync.
-  const torch::Tensor& scale_tensor() const { return scale_; }
+  const torch::Tensor& scale_tensor() const;
   /// Whether the scaler scales at all.
   bool is_enabled() const;
   /// The options the scaler was built with (growth and backoff follow load_state_dict).
@@ -109,12 +79,24 @@ class GradScaler {
   /// The stage of `optimizer` in the current iteration (kReady if never seen).
   OptimizerStage stage(const torch::optim::Optimizer& optimizer) const;
 
-  /// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
-  /// means clean) each time unscale_ or step computes it, before anything reads it. The
-  /// hook may change the flag in place: a distributed binding all-reduces it (MAX) so
-  /// that every rank skips and backs off together. Pass nullptr to remove it.
-  using FoundInfHook = std::function<void(torch::Tensor& found_inf)>;
+  /// The hook called with each overflow flag (see amp::FoundInfHook); nullptr removes it.
+  using FoundInfHook = amp::FoundInfHook;
+  /// Sets the hook called with each optimizer's overflow flag before anything reads it.
   void set_found_inf_hook(FoundInfHook hook);
+
+  // ---- Any optimizer, through a view (include/lucid/amp/optimizer_view.h) -------------
+  /// unscale_ for the optimizer `view` describes (same rules as for a C++ optimizer).
+  void unscale_(const OptimizerView& view);
+  /// step for the optimizer `view` describes: runs `view.step` unless its gradients
+  /// overflowed. Returns whether it ran (always true in graph_safe mode, where skipping
+  /// happens on the device).
+  bool step(const OptimizerView& view);
+  /// The stage of the optimizer with view key `key` (kReady if never seen).
+  OptimizerStage stage(const void* key) const;
+  /// step_skipped for the optimizer with view key `key`.
+  bool step_skipped(const void* key) const;
+  /// overflowed for the optimizer `view` describes.
+  bool overflowed(const OptimizerView& view);
 
   /// Keys: scale, growth_factor, backoff_factor, growth_interval, growth_tracker; and,
   /// only where a guard is on, min_scale, max_scale, hysteresis and overflow_tracker.
@@ -124,7 +106,7 @@ class GradScaler {
   /// guard keys are optional (absent: the scaler keeps its own guards).
   void load_state_dict(const std::map<std::string, double>& state);
 
-  // ---- Checkpoints (src/amp/serialize.cpp) -------------------------------------------
+  // ---- Checkpoints (src/amp/serialize.cpp) ----------------------------------------------
   /// Writes the whole scaler (state, options but `enabled`, counters) under the key
   /// "lucid_amp_grad_scaler" of `archive`, with a format version and a checksum.
   void save(torch::serialize::OutputArchive& archive) const;
@@ -132,9 +114,9 @@ class GradScaler {
   /// (c10::ValueError for an invalid value) and leaves the scaler unchanged.
   void load(torch::serialize::InputArchive& archive);
 
-  // ---- Diagnostics (include/lucid/amp/diagnostics.h, src/amp/diagnostics.cpp) ----------
+  // ---- Diagnostics (include/lucid/amp/diagnostics.h, src/amp/scaler_diagnostics.cpp) ----
   /// Counters of steps and scale changes. May read overflow flags the host has not seen
-  /// yet (only those of optimizers that were unscale_'d but not stepped).
+  /// yet (only those of optimizers that were unscale_'d but not stepped); logically const.
   ScalerCounters counters() const;
   /// Whether the last step() of `optimizer` skipped optimizer.step() (false if it never
   /// stepped). Survives update(): an LR scheduler asks after the iteration.
@@ -155,85 +137,10 @@ class GradScaler {
   void set_parameter_name(const torch::Tensor& parameter, const std::string& name);
 
  private:
-  struct PerOptimizer {
-    OptimizerStage stage = OptimizerStage::kReady;
-    torch::Tensor found_inf;  // float32, 1 element, on the scale's device
-    bool found_inf_read = false;   // the host has read found_inf (step, overflowed, update)
-    bool found_inf_value = false;  // what it read
-  };
+  detail::ScalerCore& core_();
+  const detail::ScalerCore& core_() const;
 
-  // NOTE: [Diagnostics without host synchronisation] (src/amp/diagnostics.cpp).
-  struct Diagnostics {
-    ScalerCounters counters;  // as of the last resolved schedule update
-    // The trackers as of the last resolved update, advanced on the host by the same rule
-    // as the device (cpu::next_scale_state); they say whether an update backed off or grew.
-    int32_t growth_tracker = 0;
-    int32_t overflow_tracker = 0;
-    // Schedule updates whose outcome is not counted yet, in order: the flag is undefined
-    // when the host knew `found`, else the combined device flag to read later.
-    struct Pending {
-      bool found = false;
-      torch::Tensor flag;
-    };
-    std::vector<Pending> pending;
-    std::unordered_map<const torch::optim::Optimizer*, bool> last_step_skipped;
-    std::optional<OverflowReport> last_overflow;
-    BackoffCallback on_backoff;
-    struct Name {
-      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
-      std::string name;
-    };
-    std::unordered_map<const c10::TensorImpl*, Name> names;
-  };
-
-  void lazy_init_(const at::Device& device);
-  // Checks the gradients' dtypes, places the scale and records the optimizer's overflow
-  // flag, unscaling the gradients in place or (for a scaler-aware optimizer, which
-  // unscales inside its own step) only reading them.
-  enum class GradientPass { kUnscale, kCheckOnly };
-  void record_overflow_(torch::optim::Optimizer& optimizer, PerOptimizer& record,
-                        GradientPass pass);
-  std::optional<torch::Tensor> step_scaler_aware_(torch::optim::Optimizer& optimizer,
-                                                  PerOptimizer& record);
-  PerOptimizer& record_for_(const torch::optim::Optimizer& optimizer);
-  int64_t growth_tracker_value_() const;
-  int64_t overflow_tracker_value_() const;
-
-  // Guards (src/amp/guards.cpp).
-  bool guarded_update_() const;
-  void ensure_overflow_tracker_();
-  void run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
-                          at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
-  std::optional<BackoffEvent> update_on_device_();
-  void update_on_host_();
-
-  // State I/O (src/amp/serialize.cpp).
-  detail::ScalerSnapshot snapshot_() const;
-  void apply_(const detail::ScalerSnapshot& snapshot, const ScalerCounters* counters);
-
-  // Diagnostics (src/amp/diagnostics.cpp).
-  // `optimizer` is null where it may be gone (update() reading an unscale_-only flag).
-  bool read_found_inf_(const torch::optim::Optimizer* optimizer, PerOptimizer& record);
-  void note_step_(const torch::optim::Optimizer& optimizer, bool skipped);
-  void note_overflow_(const torch::optim::Optimizer* optimizer);
-  void note_schedule_update_(bool known, bool found, const at::Tensor& flag);
-  bool predicts_backoff_(bool found) const;
-  void resolve_pending_() const;
-  void finish_iteration_();
-
-  GradScalerOptions options_;
-  // Host copies used until the device tensors exist (NOTE: [Scaler state on the device]).
-  float pending_scale_;
-  int64_t pending_growth_tracker_ = 0;
-  int64_t pending_overflow_tracker_ = 0;
-  torch::Tensor scale_;           // float32, 0-dim, on the device of the first output
-  torch::Tensor growth_tracker_;  // int32, 0-dim, beside scale_
-  // int32, 0-dim, beside scale_: consecutive overflows absorbed by hysteresis. Made only
-  // when a guard needs it (guarded_update_()).
-  torch::Tensor overflow_tracker_;
-  std::unordered_map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
-  FoundInfHook found_inf_hook_;
-  mutable Diagnostics diag_;
+  std::unique_ptr<detail::ScalerCore> core_ptr_;  // the whole state (pimpl)
 };
 
 }  // namespace amp

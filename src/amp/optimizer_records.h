@@ -1,0 +1,57 @@
+#pragma once
+
+// Internal: what the scaler remembers of each optimizer between two update() calls: its
+// stage (ready -> unscaled -> stepped) and its overflow flag. Keyed by OptimizerView::key.
+
+#include <lucid/amp/grad_scaler_options.h>
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+struct OptimizerRecord {
+  OptimizerStage stage = OptimizerStage::kReady;
+  at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
+  bool found_inf_read = false;   // the host has read found_inf
+  bool found_inf_value = false;  // what it read
+};
+
+// The stage machine. The check_* functions throw c10::Error for a call out of order and
+// change nothing.
+class OptimizerRecords {
+ public:
+  // The record of `key`, created ready on first use.
+  OptimizerRecord& at(const void* key) { return records_[key]; }
+  // The record of `key`, or null if the optimizer was not seen in this iteration.
+  const OptimizerRecord* find(const void* key) const;
+  OptimizerRecord* find(const void* key);
+
+  static void check_can_unscale(const OptimizerRecord& record);
+  static void check_can_step(const OptimizerRecord& record);
+
+  // The overflow flags of this iteration, combined (MAX); undefined when no optimizer
+  // recorded one. `all_read`: the host read every flag; `any_found`: one it read was set.
+  at::Tensor combined_found_inf(bool* all_read, bool* any_found) const;
+
+  // Every record, for reading the flags nobody has read yet.
+  template <typename F>
+  void for_each(F&& f) {
+    for (auto& entry : records_) {
+      f(entry.second);
+    }
+  }
+
+  // update(): every optimizer returns to ready.
+  void clear() { records_.clear(); }
+
+ private:
+  std::unordered_map<const void*, OptimizerRecord> records_;
+};
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,152 @@
+// The loss scale, its trackers and their update (NOTE: [Scaler state on the device],
+// NOTE: [Guards] in scale_schedule.h).
+
+#include "amp/scale_schedule.h"
+
+#include "amp/kernel_routing.h"
+#include "amp/scale_rule.h"
+
+#include <cmath>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+ScaleSchedule::ScaleSchedule(GradScalerOptions options)
+    : options_(options), host_scale_(static_cast<float>(options.init_scale())) {}
+
+void ScaleSchedule::place(const at::Device& device) {
+  if (scale_.defined()) {
+    return;
+  }
+  scale_ = at::full({}, host_scale_, at::TensorOptions().dtype(at::kFloat).device(device));
+  growth_tracker_ =
+      at::full({}, host_growth_tracker_, at::TensorOptions().dtype(at::kInt).device(device));
+  if (guarded()) {
+    ensure_overflow_tracker_();
+  }
+}
+
+double ScaleSchedule::value() const {
+  return scale_.defined() ? static_cast<double>(scale_.item<float>()) : host_scale_;
+}
+
+void ScaleSchedule::set(float value) {
+  if (scale_.defined()) {
+    scale_.fill_(value);
+  } else {
+    host_scale_ = value;
+  }
+}
+
+bool ScaleSchedule::guarded() const {
+  return options_.hysteresis() > 1 || std::isfinite(options_.max_scale());
+}
+
+void ScaleSchedule::ensure_overflow_tracker_() {
+  if (scale_.defined() && !overflow_tracker_.defined()) {
+    overflow_tracker_ = at::full({}, host_overflow_tracker_, growth_tracker_.options());
+  }
+}
+
+void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
+                                       at::Tensor& overflow_tracker,
+                                       const at::Tensor& found_inf) const {
+  if (guarded()) {
+    update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
+                          options_.growth_factor(), options_.backoff_factor(),
+                          options_.growth_interval(), options_.hysteresis(),
+                          options_.max_scale());
+  } else {
+    update_scale_(scale, growth_tracker, found_inf, options_.growth_factor(),
+                  options_.backoff_factor(), options_.growth_interval());
+  }
+}
+
+void ScaleSchedule::advance(const at::Tensor& found_inf) {
+  if (guarded()) {
+    ensure_overflow_tracker_();  // a load may have turned hysteresis or max_scale on
+  }
+  run_update_kernel_(scale_, growth_tracker_, overflow_tracker_, found_inf);
+}
+
+void ScaleSchedule::advance_on_host() {
+  ScaleGuards guards;
+  guards.hysteresis = options_.hysteresis();
+  guards.max_scale = static_cast<float>(options_.max_scale());
+  const ScaleState next = next_scale_state(
+      {host_scale_, static_cast<int32_t>(host_growth_tracker_),
+       static_cast<int32_t>(host_overflow_tracker_)},
+      /*found_inf=*/false, options_.growth_factor(), options_.backoff_factor(),
+      options_.growth_interval(), guards);
+  host_scale_ = next.scale;
+  host_growth_tracker_ = next.growth_tracker;
+  host_overflow_tracker_ = next.overflow_tracker;
+}
+
+ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
+  if (guarded()) {
+    ensure_overflow_tracker_();
+  }
+  Proposal p;
+  p.old_scale = scale_.item<float>();
+  p.scale = scale_.clone();
+  p.growth_tracker = growth_tracker_.clone();
+  p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
+  run_update_kernel_(p.scale, p.growth_tracker, p.overflow_tracker, found_inf);
+  p.new_scale = p.scale.item<float>();
+  return p;
+}
+
+void ScaleSchedule::commit(const Proposal& proposal) {
+  scale_.copy_(proposal.scale);
+  growth_tracker_.copy_(proposal.growth_tracker);
+  if (proposal.overflow_tracker.defined()) {
+    overflow_tracker_.copy_(proposal.overflow_tracker);
+  }
+}
+
+ScalerSnapshot ScaleSchedule::snapshot() const {
+  ScalerSnapshot s;
+  s.scale = scale_.defined() ? scale_.item<float>() : host_scale_;
+  s.growth_factor = options_.growth_factor();
+  s.backoff_factor = options_.backoff_factor();
+  s.growth_interval = options_.growth_interval();
+  s.growth_tracker =
+      growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : host_growth_tracker_;
+  s.min_scale = options_.min_scale();
+  s.max_scale = options_.max_scale();
+  s.hysteresis = options_.hysteresis();
+  s.overflow_tracker =
+      overflow_tracker_.defined() ? overflow_tracker_.item<int32_t>() : host_overflow_tracker_;
+  return s;
+}
+
+void ScaleSchedule::apply(const ScalerSnapshot& s) {
+  options_.growth_factor(s.growth_factor)
+      .backoff_factor(s.backoff_factor)
+      .growth_interval(s.growth_interval)
+      .min_scale(s.min_scale)
+      .max_scale(s.max_scale)
+      .hysteresis(s.hysteresis);
+  if (scale_.defined()) {
+    scale_.fill_(s.scale);
+    growth_tracker_.fill_(s.growth_tracker);
+    if (overflow_tracker_.defined()) {
+      overflow_tracker_.fill_(s.overflow_tracker);
+    } else {
+      host_overflow_tracker_ = s.overflow_tracker;
+      if (guarded()) {
+        ensure_overflow_tracker_();
+      }
+    }
+  } else {
+    host_scale_ = s.scale;
+    host_growth_tracker_ = s.growth_tracker;
+    host_overflow_tracker_ = s.overflow_tracker;
+  }
+}
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,105 @@
+#pragma once
+
+// Internal: the loss scale and its trackers, and the one rule that moves them.
+//
+// NOTE: [Scaler state on the device]
+// The scale (float32) and the growth tracker (int32) are 0-dim tensors on the device of
+// the first tensor the scaler meets (the first scaled output, or the first gradient when
+// unscale_/step come before any scale()). unscale_ writes each optimizer's overflow flag
+// on that device and update() changes the scale there, so neither waits for the device.
+// Only step() reads one 4-byte flag back, to decide whether to run the optimizer's step,
+// and get_scale()/state_dict() read the scale back (the opt-in guards and diagnostics
+// that read more say so: NOTE: [Guards], NOTE: [Diagnostics without host
+// synchronisation]). Until the tensors exist the same state is kept on the host,
+// advanced by the same rule (detail::next_scale_state).
+// The scale is 0-dim so that it never broadcasts a 0-dim loss to shape [1]; float16 and
+// bfloat16 outputs are promoted explicitly (a 0-dim float32 operand would not promote them).
+//
+// NOTE: [Guards]
+// The guards are off by default (min_scale 0, max_scale +inf, hysteresis 1); then an
+// update runs exactly PyTorch's rule through the routed update kernel (the CPU twin,
+// ATen's CUDA kernel, or the generic ops) and reads nothing back.
+// - max_scale and hysteresis change the update itself: it then runs the guarded kernel
+//   (the CPU twin for a CPU scale, the generic ATen-ops path on every other device, since
+//   ATen's CUDA kernel knows no guards); still no host synchronisation. Hysteresis keeps
+//   one more 0-dim int32 tensor beside the growth tracker: the consecutive overflows it
+//   has absorbed.
+// - min_scale is a check, so the host has to know whether an update backs off and to
+//   what. The core then reads the flags step() has not read, predicts the outcome with
+//   the host mirror of the trackers, and only for a backoff computes the update into
+//   copies (propose()) and reads the new scale (4 bytes). Below min_scale it throws and
+//   applies nothing. A backoff callback takes the same path (it is handed the old and
+//   the new scale).
+
+#include <lucid/amp/grad_scaler_options.h>
+
+#include "amp/scaler_state.h"
+
+#include <ATen/ATen.h>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+class ScaleSchedule {
+ public:
+  // `options` must have passed validate_options().
+  explicit ScaleSchedule(GradScalerOptions options);
+
+  const GradScalerOptions& options() const { return options_; }
+
+  // Whether the device tensors exist yet.
+  bool placed() const { return scale_.defined(); }
+  // Creates the device tensors on `device` from the host copies (no-op once placed).
+  void place(const at::Device& device);
+  // float32, 0-dim; undefined until placed.
+  const at::Tensor& scale() const { return scale_; }
+  // The scale as a double (reads it back when placed).
+  double value() const;
+  // Sets the scale (update(new_scale)); `value` already checked.
+  void set(float value);
+
+  // Whether max_scale or hysteresis change the update (NOTE: [Guards]).
+  bool guarded() const;
+  // One update on the device tensors, in place, by the overflow flag `found_inf`
+  // (float32, 0-dim, on the scale's device). Reads nothing back.
+  void advance(const at::Tensor& found_inf);
+  // One update with no overflow, on the host copies (before the tensors exist).
+  void advance_on_host();
+
+  // The same update computed into copies, for the host to inspect before commit().
+  struct Proposal {
+    float old_scale = 0.0f;
+    float new_scale = 0.0f;
+    at::Tensor scale;
+    at::Tensor growth_tracker;
+    at::Tensor overflow_tracker;
+  };
+  Proposal propose(const at::Tensor& found_inf);
+  void commit(const Proposal& proposal);
+
+  // The schedule's state, read back from the device where it lives.
+  ScalerSnapshot snapshot() const;
+  // Replaces the state and the schedule's options with a validated snapshot.
+  void apply(const ScalerSnapshot& snapshot);
+
+ private:
+  void ensure_overflow_tracker_();
+  void run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
+                          at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
+
+  GradScalerOptions options_;
+  // Host copies, used until the device tensors exist.
+  float host_scale_;
+  int64_t host_growth_tracker_ = 0;
+  int64_t host_overflow_tracker_ = 0;
+  at::Tensor scale_;           // float32, 0-dim
+  at::Tensor growth_tracker_;  // int32, 0-dim, beside scale_
+  // int32, 0-dim, beside scale_: consecutive overflows absorbed by hysteresis. Made only
+  // when guarded() needs it.
+  at::Tensor overflow_tracker_;
+};
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,286 @@
+// The scaler's stage machine over OptimizerViews (scaler_core.h).
+
+#include "amp/scaler_core.h"
+
+#include "amp/kernel_routing.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+namespace {
+
+// Collects the defined gradients of `view` and refuses, before any is touched, the dtypes
+// the scaler cannot unscale.
+std::vector<at::Tensor> checked_gradients(const OptimizerView& view) {
+  std::vector<at::Tensor> grads;
+  for (size_t g = 0; g < view.param_groups.size(); ++g) {
+    const auto& params = view.param_groups[g];
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& grad = params[i].grad();
+      if (!grad.defined()) {
+        continue;  // a parameter that took no part in this backward()
+      }
+      const at::ScalarType dtype = grad.scalar_type();
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          !at::isComplexType(dtype), "GradScaler cannot unscale complex gradients: parameter ",
+          i, " of param group ", g, " has a ", dtype,
+          " gradient. Nothing was unscaled; keep complex parameters out of scaled optimizers.");
+      TORCH_CHECK_VALUE(
+          dtype != at::kHalf, "Attempting to unscale float16 gradients: parameter ", i,
+          " of param group ", g,
+          " has a Half gradient. Nothing was unscaled. Loss scaling needs float32 master "
+          "weights: keep the parameters in float32 and let lucid::amp::autocast run the "
+          "forward pass in half precision.");
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,
+          "GradScaler cannot unscale ", dtype, " gradients (parameter ", i, " of param group ",
+          g, "); supported: Float, Double, BFloat16.");
+      grads.push_back(grad);
+    }
+  }
+  return grads;
+}
+
+GradScalerOptions validated(const GradScalerOptions& options) {
+  validate_options(options);
+  return options;
+}
+
+}  // namespace
+
+ScalerCore::ScalerCore(const GradScalerOptions& options) : schedule_(validated(options)) {}
+
+at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
+  if (!enabled()) {
+    return outputs;
+  }
+  TORCH_CHECK(outputs.defined(), "GradScaler::scale got an undefined tensor.");
+  schedule_.place(outputs.device());
+  const at::Tensor& scale = schedule_.scale();
+  const at::ScalarType dtype = at::promote_types(outputs.scalar_type(), at::kFloat);
+  // A CPU scale multiplies a tensor on any device as a scalar; a device scale meeting
+  // outputs on another device (a model split over devices) is copied over.
+  const at::Tensor& s =
+      (scale.is_cpu() || scale.device() == outputs.device()) ? scale : scale.to(outputs.device());
+  return outputs.to(dtype) * s;
+}
+
+void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& record,
+                                  GradientPass pass) {
+  const std::vector<at::Tensor> grads = checked_gradients(view);
+  if (!grads.empty()) {
+    schedule_.place(grads.front().device());
+  }
+  // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
+  // made, clean, whenever the scale exists, so that a hook runs on every rank alike.
+  if (!schedule_.placed()) {
+    return;
+  }
+  at::Tensor found_inf = at::zeros({}, schedule_.scale().options());
+  if (pass == GradientPass::kUnscale) {
+    unscale_grads_(grads, schedule_.scale(), found_inf);
+  } else {
+    // NOTE: [Scaler-aware optimizers] in src/optim: the optimizer unscales them itself.
+    check_grads_finite_(grads, schedule_.scale(), found_inf);
+  }
+  if (found_inf_hook_) {
+    found_inf_hook_(found_inf);
+  }
+  record.found_inf = found_inf;
+}
+
+void ScalerCore::unscale_(const OptimizerView& view) {
+  if (!enabled()) {
+    return;
+  }
+  OptimizerRecord& record = records_.at(view.key);
+  OptimizerRecords::check_can_unscale(record);
+  record_overflow_(view, record, GradientPass::kUnscale);
+  record.stage = OptimizerStage::kUnscaled;
+}
+
+bool ScalerCore::step(const OptimizerView& view) {
+  if (!enabled()) {
+    view.step();
+    return true;
+  }
+  OptimizerRecord& record = records_.at(view.key);
+  OptimizerRecords::check_can_step(record);
+  const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
+  TORCH_CHECK(scaler_aware || !options().graph_safe(),
+              "GradScaler in graph_safe mode skips steps on the device, which only scaler-aware "
+              "optimizers (lucid::optim's FusedSGD, FusedAdam, FusedAdamW) can do; use one of "
+              "them, or turn graph_safe off.");
+  if (scaler_aware) {
+    return step_scaler_aware_(view, record);
+  }
+  if (record.stage == OptimizerStage::kReady) {
+    record_overflow_(view, record, GradientPass::kUnscale);
+    record.stage = OptimizerStage::kUnscaled;
+  }
+  // The one host read of a step: a 4-byte flag, on the scale's device.
+  const bool overflow = read_found_inf_(&view, record);
+  if (!overflow) {
+    view.step();
+  }
+  record.stage = OptimizerStage::kStepped;
+  diagnostics_.note_step(view.key, /*skipped=*/overflow);
+  return !overflow;
+}
+
+bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record) {
+  // Gradients unscale_'d already are handed over as they are; otherwise the optimizer
+  // divides them by the scale inside its own kernel.
+  at::Tensor scale_for_optimizer;
+  if (record.stage == OptimizerStage::kReady) {
+    record_overflow_(view, record, GradientPass::kCheckOnly);
+    scale_for_optimizer = schedule_.scale();
+  }
+  view.set_grad_scaling(scale_for_optimizer, record.found_inf);
+  view.step();
+  record.stage = OptimizerStage::kStepped;
+  if (options().graph_safe()) {
+    // The host never learns here whether the step was skipped: the flag stays unread and
+    // the update's counters are settled later (NOTE: [Diagnostics without host
+    // synchronisation]); steps_taken/steps_skipped do not count graph-safe steps.
+    return true;
+  }
+  // Read after the launch: the step was already skipped on the device if needed, the
+  // flag only tells the caller.
+  const bool overflow = read_found_inf_(&view, record);
+  diagnostics_.note_step(view.key, overflow);
+  return !overflow;
+}
+
+bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& record) {
+  if (!record.found_inf.defined()) {
+    return false;  // no scale yet, so nothing was unscaled: clean
+  }
+  if (!record.found_inf_read) {
+    record.found_inf_value = record.found_inf.item<float>() != 0.0f;
+    record.found_inf_read = true;
+    if (record.found_inf_value) {
+      diagnostics_.note_overflow(view, schedule_.value());
+    }
+  }
+  return record.found_inf_value;
+}
+
+void ScalerCore::update(std::optional<double> new_scale) {
+  if (!enabled()) {
+    return;
+  }
+  if (new_scale.has_value()) {
+    const float value = checked_scale(*new_scale, "update(new_scale)");
+    check_scale_within_guards(value, options().min_scale(), options().max_scale(),
+                              "update(new_scale)");
+    schedule_.set(value);
+    finish_iteration_();
+    return;
+  }
+  std::optional<BackoffEvent> backoff;
+  if (schedule_.placed()) {
+    backoff = update_on_device_();  // may throw (min_scale) before anything changed
+  } else {
+    // No tensor exists yet, so nothing can have overflowed: advance the host copy.
+    schedule_.advance_on_host();
+    diagnostics_.note_schedule_update(/*known=*/true, /*found=*/false, at::Tensor(), options());
+  }
+  finish_iteration_();
+  if (backoff.has_value() && diagnostics_.backoff_callback()) {
+    diagnostics_.backoff_callback()(*backoff);
+  }
+}
+
+std::optional<BackoffEvent> ScalerCore::update_on_device_() {
+  const GradScalerOptions& opts = options();
+  const bool decide_on_host = opts.min_scale() > 0.0 || static_cast<bool>(diagnostics_.backoff_callback());
+  if (decide_on_host) {
+    // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
+    // inspected (the report counts it as uninspected); the flag is ours.
+    records_.for_each([this](OptimizerRecord& r) { read_found_inf_(nullptr, r); });
+  }
+  // Overflow in any optimizer since the last update backs the scale off; nothing
+  // recorded counts as an overflow-free update.
+  bool known = true;
+  bool found = false;
+  at::Tensor found_inf = records_.combined_found_inf(&known, &found);
+  if (!found_inf.defined()) {
+    found_inf = at::zeros({}, schedule_.scale().options());
+  }
+  if (!decide_on_host || !diagnostics_.predicts_backoff(found, opts)) {
+    schedule_.advance(found_inf);
+    diagnostics_.note_schedule_update(known, found, found_inf, opts);
+    return std::nullopt;
+  }
+
+  // A backoff that min_scale or the callback must see: compute it into copies first.
+  const ScaleSchedule::Proposal proposal = schedule_.propose(found_inf);
+  const ScalerCounters& counters = diagnostics_.counters();
+  if (opts.min_scale() > 0.0 && static_cast<double>(proposal.new_scale) < opts.min_scale()) {
+    const OverflowReport* report = diagnostics_.current_overflow();
+    TORCH_CHECK(false, "GradScaler: the loss is diverging: this update would back the scale off ",
+                "from ", proposal.old_scale, " to ", proposal.new_scale, ", below min_scale ",
+                opts.min_scale(), ", after ", counters.overflow_streak + 1,
+                " consecutive overflowing update(s). ", report ? report->to_string() : "",
+                "\nNothing was applied: the scale and the optimizers' stages are as before "
+                "this call, and last_overflow() names the gradients. Look for inf/NaN in the "
+                "data, the loss or the model, lower the learning rate, or lower min_scale.");
+  }
+  schedule_.commit(proposal);
+  diagnostics_.note_schedule_update(/*known=*/true, /*found=*/true, found_inf, opts);
+
+  BackoffEvent event;
+  event.iteration = counters.updates;  // finish_iteration_ has not counted it yet
+  event.old_scale = proposal.old_scale;
+  event.new_scale = proposal.new_scale;
+  event.overflow_streak = counters.overflow_streak;
+  event.report = diagnostics_.current_overflow();
+  return event;
+}
+
+void ScalerCore::finish_iteration_() {
+  records_.clear();
+  diagnostics_.finish_iteration();
+}
+
+double ScalerCore::get_scale() const { return enabled() ? schedule_.value() : 1.0; }
+
+OptimizerStage ScalerCore::stage(const void* key) const {
+  const OptimizerRecord* record = records_.find(key);
+  return record == nullptr ? OptimizerStage::kReady : record->stage;
+}
+
+ScalerCounters ScalerCore::counters() {
+  diagnostics_.resolve_pending(options());
+  return diagnostics_.counters();
+}
+
+bool ScalerCore::overflowed(const OptimizerView& view) {
+  if (!enabled()) {
+    return false;
+  }
+  OptimizerRecord* record = records_.find(view.key);
+  if (record == nullptr || record->stage == OptimizerStage::kReady) {
+    return false;
+  }
+  return read_found_inf_(&view, *record);
+}
+
+void ScalerCore::apply(const ScalerSnapshot& snapshot, const ScalerCounters* counters) {
+  if (counters != nullptr) {
+    diagnostics_.drop_pending();  // outcomes of the run the checkpoint replaces
+  } else {
+    diagnostics_.resolve_pending(options());  // counted with the old trackers and options
+  }
+  schedule_.apply(snapshot);
+  diagnostics_.reset(snapshot.growth_tracker, snapshot.overflow_tracker, counters);
+}
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,81 @@
+#pragma once
+
+// Internal: the scaler itself, for any optimizer that can be described by an
+// OptimizerView. GradScaler (the C++ front) and the Python package are thin fronts over
+// it. It composes three pieces, each in a file named for what it holds:
+//   ScaleSchedule     (scale_schedule.h)      the scale, its trackers and their update
+//   OptimizerRecords  (optimizer_records.h)   each optimizer's stage and overflow flag
+//   ScalerDiagnostics (scaler_diagnostics.h)  counters, reports, callback, names
+// and owns the stage machine that ties them together. It includes no optimizer class.
+
+#include <lucid/amp/diagnostics.h>
+#include <lucid/amp/grad_scaler_options.h>
+#include <lucid/amp/optimizer_view.h>
+
+#include "amp/optimizer_records.h"
+#include "amp/scale_schedule.h"
+#include "amp/scaler_diagnostics.h"
+#include "amp/scaler_state.h"
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+namespace lucid {
+namespace amp {
+namespace detail {
+
+class ScalerCore {
+ public:
+  // Throws c10::ValueError for an invalid option.
+  explicit ScalerCore(const GradScalerOptions& options);
+
+  at::Tensor scale(const at::Tensor& outputs);
+  void unscale_(const OptimizerView& view);
+  // Runs view.step unless the gradients overflowed; returns whether the caller should
+  // report the step's result (false: skipped). Disabled: runs it and returns true.
+  bool step(const OptimizerView& view);
+  void update(std::optional<double> new_scale);
+
+  double get_scale() const;
+  bool enabled() const { return schedule_.options().enabled(); }
+  const GradScalerOptions& options() const { return schedule_.options(); }
+  const at::Tensor& scale_tensor() const { return schedule_.scale(); }
+  OptimizerStage stage(const void* key) const;
+  void set_found_inf_hook(FoundInfHook hook) { found_inf_hook_ = std::move(hook); }
+
+  // Diagnostics.
+  ScalerCounters counters();
+  bool step_skipped(const void* key) const { return diagnostics_.step_skipped(key); }
+  bool overflowed(const OptimizerView& view);
+  const std::optional<OverflowReport>& last_overflow() const {
+    return diagnostics_.last_overflow();
+  }
+  ScalerDiagnostics& diagnostics() { return diagnostics_; }
+
+  // State I/O (serialize.cpp): the schedule as it stands, and a validated replacement
+  // (with the counters of a checkpoint, or null to keep counting).
+  ScalerSnapshot snapshot() const { return schedule_.snapshot(); }
+  void apply(const ScalerSnapshot& snapshot, const ScalerCounters* counters);
+
+ private:
+  // Unscales the gradients in place, or (for a scaler-aware optimizer, which unscales
+  // inside its own step) only checks them.
+  enum class GradientPass { kUnscale, kCheckOnly };
+  void record_overflow_(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
+  bool step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record);
+  // Reads the record's flag once; `view` is null where the optimizer may be gone.
+  bool read_found_inf_(const OptimizerView* view, OptimizerRecord& record);
+  std::optional<BackoffEvent> update_on_device_();
+  void finish_iteration_();
+
+  ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)
+  OptimizerRecords records_;
+  ScalerDiagnostics diagnostics_;
+  FoundInfHook found_inf_hook_;
+};
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,238 @@
+// A scaler's diagnostics (NOTE: [Diagnostics without host synchronisation] in
+// scaler_diagnostics.h).
+
+#include "amp/scaler_diagnostics.h"
+
+#include "amp/scale_rule.h"
+
+#include <c10/util/Exception.h>
+
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace lucid {
+namespace amp {
+
+std::string OverflowReport::to_string() const {
+  std::ostringstream out;
+  out << "Overflow in iteration " << iteration << " at scale " << scale << ": " << optimizers
+      << " optimizer(s), " << gradients.size() << " gradient(s) with inf/NaN.";
+  if (uninspected_optimizers > 0) {
+    out << "\n  " << uninspected_optimizers
+        << " optimizer(s) were only unscale_'d and their flag was read by update(): their "
+           "gradients were not inspected (call overflowed(optimizer) before update()).";
+  }
+  if (gradients.empty() && uninspected_optimizers < optimizers) {
+    out << "\n  No local gradient holds inf/NaN: the flag was raised by a found_inf hook "
+           "(another rank overflowed), or the gradients changed after unscale_.";
+  }
+  for (const auto& g : gradients) {
+    out << "\n  param group " << g.param_group << " index " << g.index;
+    if (!g.name.empty()) {
+      out << " '" << g.name << "'";
+    }
+    out << " " << c10::IntArrayRef(g.sizes) << " " << g.dtype << " on " << g.device << ": "
+        << g.nan_count << " NaN and " << g.inf_count << " inf of " << g.numel << " entries";
+  }
+  return out.str();
+}
+
+namespace detail {
+namespace {
+
+// Bounds the queue of updates whose flag has not been read (a loop that unscale_s an
+// optimizer and never steps it): one 4-byte-per-update read every this many updates.
+constexpr size_t kMaxPendingUpdates = 1024;
+
+// The event one update with outcome `found` has on the mirrored trackers.
+ScaleEvent advance_trackers(int32_t& growth_tracker, int32_t& overflow_tracker, bool found,
+                            const GradScalerOptions& options) {
+  ScaleGuards guards;
+  guards.hysteresis = options.hysteresis();
+  ScaleEvent event = ScaleEvent::kNone;
+  // Only the trackers matter here: they follow the same rule on every backend.
+  const ScaleState next =
+      next_scale_state({1.0f, growth_tracker, overflow_tracker}, found, options.growth_factor(),
+                       options.backoff_factor(), options.growth_interval(), guards, &event);
+  growth_tracker = next.growth_tracker;
+  overflow_tracker = next.overflow_tracker;
+  return event;
+}
+
+// NaN and inf counts of every gradient of `view`, on each gradient's own device, read
+// once per device. Entries with neither are dropped.
+std::vector<NonFiniteGradient> non_finite_gradients(
+    const OptimizerView& view, const std::function<std::string(const at::Tensor&)>& name_of) {
+  std::vector<NonFiniteGradient> candidates;
+  std::vector<at::Tensor> counts;
+  for (size_t g = 0; g < view.param_groups.size(); ++g) {
+    const auto& params = view.param_groups[g];
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& grad = params[i].grad();
+      if (!grad.defined()) {
+        continue;
+      }
+      const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
+      NonFiniteGradient entry;
+      entry.optimizer = view.key;
+      entry.param_group = g;
+      entry.index = i;
+      entry.name = name_of(params[i]);
+      entry.numel = values.numel();
+      entry.sizes = grad.sizes().vec();
+      entry.dtype = grad.scalar_type();
+      entry.device = grad.device();
+      candidates.push_back(std::move(entry));
+      counts.push_back(at::stack({values.isnan().sum(), values.isinf().sum()}));
+    }
+  }
+  std::map<std::string, std::vector<size_t>> by_device;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    by_device[counts[k].device().str()].push_back(k);
+  }
+  std::vector<std::pair<int64_t, int64_t>> host(counts.size());
+  for (const auto& device : by_device) {
+    std::vector<at::Tensor> same_device;
+    for (const size_t k : device.second) {
+      same_device.push_back(counts[k]);
+    }
+    const at::Tensor read = at::stack(same_device).to(at::kCPU, at::kLong).contiguous();
+    const int64_t* data = read.data_ptr<int64_t>();
+    for (size_t j = 0; j < device.second.size(); ++j) {
+      host[device.second[j]] = {data[2 * j], data[2 * j + 1]};
+    }
+  }
+  std::vector<NonFiniteGradient> found;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    if (host[k].first + host[k].second > 0) {
+      candidates[k].nan_count = host[k].first;
+      candidates[k].inf_count = host[k].second;
+      found.push_back(std::move(candidates[k]));
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+void ScalerDiagnostics::note_step(const void* key, bool skipped) {
+  if (skipped) {
+    ++counters_.steps_skipped;
+  } else {
+    ++counters_.steps_taken;
+  }
+  last_step_skipped_[key] = skipped;
+}
+
+const OverflowReport* ScalerDiagnostics::current_overflow() const {
+  return last_overflow_.has_value() && last_overflow_->iteration == counters_.updates
+             ? &*last_overflow_
+             : nullptr;
+}
+
+void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale) {
+  if (current_overflow() == nullptr) {
+    OverflowReport report;
+    report.iteration = counters_.updates;
+    report.scale = scale;
+    last_overflow_ = std::move(report);
+  }
+  OverflowReport& report = *last_overflow_;
+  ++report.optimizers;
+  if (view == nullptr) {
+    ++report.uninspected_optimizers;
+    return;
+  }
+  for (auto& entry :
+       non_finite_gradients(*view, [this](const at::Tensor& p) { return name_of_(p); })) {
+    report.gradients.push_back(std::move(entry));
+  }
+}
+
+void ScalerDiagnostics::note_schedule_update(bool known, bool found, const at::Tensor& flag,
+                                             const GradScalerOptions& options) {
+  if (known && pending_.empty()) {
+    pending_.push_back({found, at::Tensor()});
+    resolve_pending(options);  // reads nothing: the host knows `found`
+    return;
+  }
+  pending_.push_back({found, known ? at::Tensor() : flag});
+  if (pending_.size() >= kMaxPendingUpdates) {
+    resolve_pending(options);
+  }
+}
+
+void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options) {
+  if (pending_.empty()) {
+    return;
+  }
+  std::vector<at::Tensor> unread;
+  for (const auto& p : pending_) {
+    if (p.flag.defined()) {
+      unread.push_back(p.flag.reshape({}));
+    }
+  }
+  // The one read: every unread flag at once (they all live on the scale's device).
+  at::Tensor host;
+  if (!unread.empty()) {
+    host = at::stack(unread).to(at::kCPU, at::kFloat).contiguous();
+  }
+  const float* read = host.defined() ? host.data_ptr<float>() : nullptr;
+  for (const auto& p : pending_) {
+    const bool found = p.flag.defined() ? *read++ != 0.0f : p.found;
+    const ScaleEvent event = advance_trackers(growth_tracker_, overflow_tracker_, found, options);
+    ScalerCounters& c = counters_;
+    c.overflow_updates += found ? 1 : 0;
+    c.overflow_streak = found ? c.overflow_streak + 1 : 0;
+    c.backoffs += event == ScaleEvent::kBackoff ? 1 : 0;
+    c.growths += event == ScaleEvent::kGrowth ? 1 : 0;
+  }
+  pending_.clear();
+}
+
+bool ScalerDiagnostics::predicts_backoff(bool found, const GradScalerOptions& options) {
+  resolve_pending(options);
+  int32_t growth = growth_tracker_;
+  int32_t overflow = overflow_tracker_;
+  return advance_trackers(growth, overflow, found, options) == ScaleEvent::kBackoff;
+}
+
+void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
+                              const ScalerCounters* counters) {
+  growth_tracker_ = static_cast<int32_t>(growth_tracker);
+  overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
+  if (counters != nullptr) {
+    counters_ = *counters;
+  }
+}
+
+bool ScalerDiagnostics::step_skipped(const void* key) const {
+  const auto it = last_step_skipped_.find(key);
+  return it != last_step_skipped_.end() && it->second;
+}
+
+std::string ScalerDiagnostics::name_of_(const at::Tensor& param) const {
+  const auto it = names_.find(param.unsafeGetTensorImpl());
+  return it != names_.end() && !it->second.param.expired() ? it->second.name : std::string();
+}
+
+void ScalerDiagnostics::forget_expired_names() {
+  for (auto it = names_.begin(); it != names_.end();) {
+    it = it->second.param.expired() ? names_.erase(it) : std::next(it);
+  }
+}
+
+void ScalerDiagnostics::set_parameter_name(const at::Tensor& parameter, const std::string& name) {
+  TORCH_CHECK_VALUE(parameter.defined(), "GradScaler::set_parameter_name: the tensor for '",
+                    name, "' is undefined.");
+  const c10::TensorImpl* key = parameter.unsafeGetTensorImpl();
+  names_.erase(key);
+  names_.emplace(key, Name{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                               parameter.getIntrusivePtr()),
+                           name});
+}
+
+}  // namespace detail
+}  // namespace amp
+}  // namespace lucid
