@@ -674,14 +674,18 @@ TEST(GradScalerParams, ParametersWithoutGradientArePassedOver) {
   EXPECT_EQ(without.item<float>(), 5.0f);
 }
 
-TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsAndCountsAsClean) {
+TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsButIsNoEvidence) {
   auto p = torch::tensor({1.0f}).requires_grad_();
   MarkingSGD opt({p}, 1.0);
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(1));
   EXPECT_TRUE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 1);
+  EXPECT_EQ(scaler.counters().steps_without_gradients, 1);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 32.0);
+  // Nothing was checked, so the update is not a clean step: the scale stays.
+  EXPECT_EQ(scaler.get_scale(), 16.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 1);
+  EXPECT_EQ(scaler.counters().growths, 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -712,12 +716,15 @@ TEST(GradScalerWithoutScale, StepWithoutScaleSkipsOnOverflowAndBacksOff) {
   EXPECT_EQ(scaler.get_scale(), 256.0);
 }
 
-TEST(GradScalerWithoutScale, UpdateWithNothingRecordedCountsAsOverflowFree) {
+TEST(GradScalerWithoutScale, UpdateWithNothingRecordedLeavesTheScaleAndCountsIt) {
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 8.0);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 16.0);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 2);
+  EXPECT_EQ(scaler.counters().updates, 2);
 }
 
 TEST(GradScalerGrowth, UpdateNewScaleSetsTheScaleBeforeScaleWasCalled) {
@@ -1040,7 +1047,7 @@ TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
 TEST_P(GradScalerBackend, GrowthUsesTheGrowthFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(10.0).growth_factor(1.5).growth_interval(1));
   materialise_scale(scaler, dev());
-  scaler.update();
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 15.0);
 }
 

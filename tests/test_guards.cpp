@@ -148,12 +148,12 @@ TEST_P(GuardBackends, MaxScaleCapsGrowth) {
   EXPECT_EQ(scaler.get_scale(), 1000.0);
 }
 
-TEST(GuardMaxScale, CapsGrowthBeforeTheTensorsExist) {
+TEST(GuardMaxScale, UpdatesBeforeTheTensorsExistNeitherGrowNorCap) {
   GradScaler scaler(GradScalerOptions().init_scale(256).growth_interval(1).max_scale(300));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 300.0);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 300.0);
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 2);
 }
 
 TEST(GuardMaxScale, AtFloat32MaxTheScaleStays) {

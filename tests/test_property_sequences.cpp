@@ -58,8 +58,8 @@ bool same_float(float a, float b) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The reference model: plain C++ over floats, written from the spec (seed page, cpp-api.md,
-// README "Trust under faults"), not from the implementation.
+// The reference model: plain C++ over floats, written from the contract (the reference
+// API, README "The contract" and "Trust under faults"), not from the implementation.
 
 struct ModelOptions {
   bool enabled = true;
@@ -67,6 +67,7 @@ struct ModelOptions {
   int64_t growth_interval = 2000;
   double min_scale = 0.0, max_scale = kInf;
   int64_t hysteresis = 1;
+  bool refill_on_clean = false;  // HysteresisRefill::kOnCleanUpdate
 };
 
 struct ModelReportEntry {
@@ -101,6 +102,7 @@ struct Model {
   struct Opt {
     OptimizerStage stage = OptimizerStage::kReady;
     bool flag = false, flag_read = false;
+    bool checked = false;  // unscale_/step saw at least one gradient in this iteration
     bool grad_defined[kParams] = {false, false};
     float grad[kParams][kEntries] = {};
     float param[kParams][kEntries] = {};
@@ -164,6 +166,10 @@ struct Model {
     }
     opt[k].flag = found;
     opt[k].flag_read = false;
+    opt[k].checked = false;
+    for (int i = 0; i < kParams; ++i) {
+      opt[k].checked = opt[k].checked || opt[k].grad_defined[i];
+    }
     opt[k].stage = OptimizerStage::kUnscaled;
   }
 
@@ -200,6 +206,7 @@ struct Model {
     if (opt[k].stage == OptimizerStage::kReady) {
       unscale_grads(k);
     }
+    counters.steps_without_gradients += opt[k].checked ? 0 : 1;
     const bool overflow = read_flag(k);
     opt[k].stage = OptimizerStage::kStepped;
     opt[k].last_skipped = overflow ? 1 : 0;
@@ -219,7 +226,10 @@ struct Model {
       if (overflow_tracker + 1 < o.hysteresis) {
         return {scale, 0, overflow_tracker + 1, kAbsorbed};
       }
-      return {static_cast<float>(scale * o.backoff_factor), 0, overflow_tracker, kBackoff};
+      // A backoff never goes below float32's smallest normal value (nor below a scale
+      // that is already smaller).
+      const float backed_off = static_cast<float>(scale * o.backoff_factor);
+      return {std::max(backed_off, std::min(scale, FLT_MIN)), 0, overflow_tracker, kBackoff};
     }
     if (growth_tracker + 1 == o.growth_interval) {
       float grown = static_cast<float>(scale * o.growth_factor);
@@ -227,9 +237,11 @@ struct Model {
         grown = scale;
       }
       grown = std::min(grown, static_cast<float>(o.max_scale));
-      return {grown, 0, 0, kGrowth};
+      return {grown, 0, 0, kGrowth};  // growth refills the hysteresis count (both modes)
     }
-    return {scale, growth_tracker + 1, 0, kNone};
+    // A clean update refills it only in DeepSpeed's consecutive mode.
+    const int32_t refilled = o.refill_on_clean ? 0 : overflow_tracker;
+    return {scale, growth_tracker + 1, refilled, kNone};
   }
 
   void finish_iteration() {
@@ -237,12 +249,22 @@ struct Model {
       x.stage = OptimizerStage::kReady;
       x.flag = false;
       x.flag_read = false;
+      x.checked = false;
     }
     ++counters.updates;
   }
 
   Outcome update() {
     if (!o.enabled) {
+      return Outcome::kOk;
+    }
+    bool evidence = false;
+    for (const auto& x : opt) {
+      evidence = evidence || (x.stage != OptimizerStage::kReady && x.checked);
+    }
+    if (!evidence) {  // no growth (nor anything else) without an overflow check
+      ++counters.updates_without_checks;
+      finish_iteration();
       return Outcome::kOk;
     }
     if (o.min_scale > 0 || callback) {

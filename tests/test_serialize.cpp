@@ -299,8 +299,32 @@ TEST_F(Refusal, CraftedArchiveIsLoadedWhenValid) {
   EXPECT_EQ(Observed::of(scaler), Observed::of(source));
 }
 
+TEST_F(Refusal, AVersionOneArchiveLoadsAndKeepsTheNewerOptions) {
+  // Version 1 had no hysteresis_refill, min_scale_policy, streak options, strict mode or
+  // their counters: they keep the loading scaler's options and start at 0.
+  GradScaler source = busy_scaler();
+  source.update(2048.0);
+  Crafted c = Crafted::of(source);
+  c.version = 1;
+  const size_t v1_fields = lucid::amp::detail::archive_fields(1).size();
+  ASSERT_LT(v1_fields, c.values.size());
+  c.values.resize(v1_fields);
+  GradScaler target(GradScalerOptions()
+                        .hysteresis_refill(lucid::amp::HysteresisRefill::kOnCleanUpdate)
+                        .overflow_warning_streak(7)
+                        .strict_inf_checks(true));
+  load_bytes(target, c.bytes());
+  EXPECT_EQ(target.get_scale(), 2048.0);
+  EXPECT_EQ(target.counters().steps_taken, source.counters().steps_taken);
+  EXPECT_EQ(target.counters().updates_without_checks, 0);
+  EXPECT_EQ(target.options().hysteresis_refill(), lucid::amp::HysteresisRefill::kOnCleanUpdate);
+  EXPECT_EQ(target.options().overflow_warning_streak(), 7);
+  EXPECT_TRUE(target.options().strict_inf_checks());
+}
+
 TEST_F(Refusal, AnUnknownFormatVersion) {
-  for (const int64_t v : {int64_t{0}, int64_t{2}, int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+  for (const int64_t v : {int64_t{0}, lucid::amp::kGradScalerArchiveVersion + 1, int64_t{-1},
+                          std::numeric_limits<int64_t>::max()}) {
     Crafted c = Crafted::of(scaler);
     c.version = v;
     EXPECT_TRUE(ThrowsError("format version", [&] { load_bytes(scaler, c.bytes()); })) << v;

@@ -237,14 +237,14 @@ TEST(GradScalerState, StateDictFollowsUpdates) {
   EXPECT_EQ(scaler.state_dict().at("growth_interval"), 3.0);
 }
 
-TEST(GradScalerState, StateDictFollowsUpdatesBeforeScaleWasCalled) {
+TEST(GradScalerState, UpdatesBeforeAnyCheckLeaveTheStateDict) {
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(3));
-  scaler.update();
-  scaler.update();
-  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
-  scaler.update();
-  EXPECT_EQ(scaler.state_dict().at("scale"), 32.0);
-  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  const auto before = scaler.state_dict();
+  for (int i = 0; i < 4; ++i) {
+    scaler.update();  // no gradient was ever checked: no evidence of a clean step
+  }
+  EXPECT_EQ(scaler.state_dict(), before);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 4);
 }
 
 // ---------------------------------------------------------------------------------------
