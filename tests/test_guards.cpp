@@ -1,7 +1,7 @@
 // Guards (all off by default): min_scale, max_scale, hysteresis; their validation, their
 // schedule on every backend, and that the defaults change nothing.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
 #include "cpu/amp_kernels.h"
@@ -14,16 +14,7 @@
 
 namespace {
 
-using fault_test::Observed;
-using fault_test::OneParam;
-using fault_test::ThrowsError;
-using fault_test::ThrowsValueError;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::OptimizerStage;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using namespace lucid_test;
 
 // ---------------------------------------------------------------------------------------
 // Options.
@@ -107,8 +98,8 @@ TEST(GuardDefaults, GuardsOffFollowTheSeedScheduleExactly) {
     std::mt19937 rng(7);
     for (int i = 0; i < 200; ++i) {
       const bool overflow = rng() % 4 == 0;
-      fault_test::iterate(plain, a, overflow);
-      fault_test::iterate(off, b, overflow);
+      iterate(plain, a, overflow);
+      iterate(off, b, overflow);
       ASSERT_EQ(plain.state_dict(), off.state_dict()) << "iteration " << i;
     }
     EXPECT_EQ(plain.state_dict().size(), 5u);
@@ -138,13 +129,13 @@ TEST_P(GuardBackends, MaxScaleCapsGrowth) {
   OneParam p;
   const std::vector<double> want = {512, 1000, 1000, 1000};
   for (double w : want) {
-    fault_test::iterate(scaler, p, false);
+    iterate(scaler, p, false);
     EXPECT_EQ(scaler.get_scale(), w);
   }
   EXPECT_EQ(scaler.counters().growths, 4);  // reaching the interval counts, capped or not
-  fault_test::iterate(scaler, p, true);
+  iterate(scaler, p, true);
   EXPECT_EQ(scaler.get_scale(), 500.0);
-  fault_test::iterate(scaler, p, false);
+  iterate(scaler, p, false);
   EXPECT_EQ(scaler.get_scale(), 1000.0);
 }
 
@@ -182,11 +173,7 @@ TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
   scaler.scale(torch::ones({}));
   OneParam p;
   const auto run = [&](bool overflow) {
-    if (overflow) {
-      p.inf_grad();
-    } else {
-      p.clean_grad();
-    }
+    p.grad_for(overflow);
     const bool stepped = scaler.step(p.optimizer).has_value();
     EXPECT_EQ(stepped, !overflow) << "an overflowing step is skipped whatever the hysteresis";
     scaler.update();
@@ -203,19 +190,17 @@ TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
   EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
   EXPECT_EQ(run(false), 256.0);
   EXPECT_EQ(run(false), 512.0);  // two clean updates: growth
-  const auto c = scaler.counters();
-  EXPECT_EQ(c.overflow_updates, 5);
-  EXPECT_EQ(c.backoffs, 2);
-  EXPECT_EQ(c.growths, 1);
-  EXPECT_EQ(c.steps_skipped, 5);
-  EXPECT_EQ(c.steps_taken, 3);
+  // Every counter: eight step + update iterations, the last one clean.
+  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 3, /*skipped*/ 5, /*updates*/ 8,
+                                              /*overflow_updates*/ 5, /*backoffs*/ 2,
+                                              /*growths*/ 1, /*overflow_streak*/ 0}));
 }
 
 TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
   GradScaler a(GradScalerOptions().init_scale(64).hysteresis(4));
   OneParam p;
-  fault_test::iterate(a, p, true);
-  fault_test::iterate(a, p, true);
+  iterate(a, p, true);
+  iterate(a, p, true);
   const auto state = a.state_dict();
   EXPECT_EQ(state.at("hysteresis"), 4.0);
   EXPECT_EQ(state.at("overflow_tracker"), 2.0);
@@ -225,11 +210,11 @@ TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
   EXPECT_EQ(b.options().hysteresis(), 4);
   EXPECT_EQ(b.state_dict(), state);
   OneParam q;
-  fault_test::iterate(a, p, true);  // 3rd: absorbed
-  fault_test::iterate(b, q, true);
+  iterate(a, p, true);  // 3rd: absorbed
+  iterate(b, q, true);
   EXPECT_EQ(b.state_dict(), a.state_dict());
-  fault_test::iterate(a, p, true);  // 4th: back off
-  fault_test::iterate(b, q, true);
+  iterate(a, p, true);  // 4th: back off
+  iterate(b, q, true);
   EXPECT_EQ(a.get_scale(), 32.0);
   EXPECT_EQ(b.state_dict(), a.state_dict());
 }
@@ -268,7 +253,7 @@ TEST(GuardHysteresis, InvalidGuardValuesInAMapAreRefusedAndChangeNothing) {
         scaler.scale(torch::ones({}));
       }
       OneParam p;
-      fault_test::iterate(scaler, p, true);  // overflow_tracker 1
+      iterate(scaler, p, true);  // overflow_tracker 1
       const Observed before = Observed::of(scaler);
       auto map = scaler.state_dict();
       map["scale"] = 512.0;
@@ -339,7 +324,7 @@ TEST(GuardMinScale, CleanUpdatesAndGrowthNeverThrow) {
   GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).growth_interval(1));
   OneParam p;
   for (int i = 0; i < 5; ++i) {
-    fault_test::iterate(scaler, p, false);
+    iterate(scaler, p, false);
   }
   EXPECT_EQ(scaler.get_scale(), 64.0);
 }
@@ -347,7 +332,7 @@ TEST(GuardMinScale, CleanUpdatesAndGrowthNeverThrow) {
 TEST(GuardMinScale, HysteresisAbsorbsBeforeTheCheck) {
   GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).hysteresis(2));
   OneParam p;
-  fault_test::iterate(scaler, p, true);  // absorbed: no backoff, no error
+  iterate(scaler, p, true);  // absorbed: no backoff, no error
   EXPECT_EQ(scaler.get_scale(), 2.0);
   p.inf_grad();
   scaler.step(p.optimizer);
@@ -366,7 +351,7 @@ TEST(GuardMinScale, WithoutTheGuardTheScaleKeepsFalling) {
   GradScaler scaler(GradScalerOptions().init_scale(4));
   OneParam p;
   for (int i = 0; i < 10; ++i) {
-    fault_test::iterate(scaler, p, true);
+    iterate(scaler, p, true);
   }
   EXPECT_EQ(scaler.get_scale(), 4.0 / 1024.0);
   EXPECT_EQ(scaler.counters().overflow_streak, 10);

@@ -8,7 +8,7 @@
 // LUCID_PROPERTY_SEQUENCES (default 3000) and LUCID_PROPERTY_SEED (default 20240611) set
 // the number of sequences and the seed; a failure prints the seed and sequence to replay.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
 
@@ -22,18 +22,11 @@
 
 namespace {
 
-using lucid::amp::BackoffEvent;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::OptimizerStage;
-using lucid::amp::ScalerCounters;
+using namespace lucid_test;
 
 constexpr int kOptimizers = 3;
 constexpr int kParams = 2;  // per optimizer; optimizer 2 has them in two param groups
 constexpr int kEntries = 3;
-constexpr float kFInf = std::numeric_limits<float>::infinity();
-constexpr float kFNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class Outcome { kOk, kError, kValueError };
 
@@ -601,7 +594,7 @@ class Sequence {
       bool valid = false;
       std::string broken;
       const auto map = random_map(valid, broken);
-      log_ << "load_state_dict(" << fault_test::describe(map) << ")" << (valid ? "" : " broken " + broken)
+      log_ << "load_state_dict(" << describe(map) << ")" << (valid ? "" : " broken " + broken)
            << "\n";
       ++stats_.loads;
       if (!model_.o.enabled) {
@@ -674,12 +667,12 @@ class Sequence {
     }
     const auto state = s.state_dict();
     if (state != model_.state_dict()) {
-      d << "state_dict " << fault_test::describe(state) << " model "
-        << fault_test::describe(model_.state_dict()) << "; ";
+      d << "state_dict " << describe(state) << " model "
+        << describe(model_.state_dict()) << "; ";
     }
     const ScalerCounters c = s.counters();
-    if (!fault_test::operator_eq(c, model_.counters)) {
-      d << "counters " << fault_test::describe(c) << " model " << fault_test::describe(model_.counters)
+    if (!operator_eq(c, model_.counters)) {
+      d << "counters " << describe(c) << " model " << describe(model_.counters)
         << "; ";
     }
     for (int k = 0; k < kOptimizers; ++k) {

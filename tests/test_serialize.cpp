@@ -2,7 +2,7 @@
 // model and an optimizer), PyTorch's _growth_tracker, and refusal of corrupt, truncated
 // and mismatched archives with the scaler unchanged.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/archive_check.h"
 #include "amp/archive_format.h"
@@ -15,14 +15,7 @@
 
 namespace {
 
-using fault_test::Observed;
-using fault_test::OneParam;
-using fault_test::ThrowsError;
-using fault_test::ThrowsValueError;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using namespace lucid_test;
 
 std::string save_bytes(const GradScaler& scaler) {
   std::ostringstream out;
@@ -56,7 +49,7 @@ GradScaler busy_scaler(bool with_tensors = true) {
   }
   OneParam p;
   for (bool o : {true, true, true, false, false, false, false, true}) {
-    fault_test::iterate(s, p, o);
+    iterate(s, p, o);
   }
   return s;
 }
@@ -76,8 +69,8 @@ TEST(Checkpoint, RoundTripIsExactAndTheScheduleContinuesIdentically) {
       EXPECT_EQ(target.options().growth_interval(), 3);
       OneParam a, b;
       for (bool o : {true, true, false, false, false, true, true, true, false}) {
-        fault_test::iterate(source, a, o);
-        fault_test::iterate(target, b, o);
+        iterate(source, a, o);
+        iterate(target, b, o);
         ASSERT_EQ(Observed::of(target), Observed::of(source)) << Observed::of(target).str();
       }
       EXPECT_EQ(save_bytes(target).size(), save_bytes(source).size());
