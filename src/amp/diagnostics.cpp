@@ -15,7 +15,7 @@
 //   unscaling: exactly the set the flag was raised for.
 // - backoffs / growths / overflow_updates / overflow_streak: what update() did on the
 //   device. The host mirrors the two trackers (growth, and overflows absorbed by
-//   hysteresis) and advances them with cpu::next_scale_state, the rule every backend
+//   hysteresis) and advances them with detail::next_scale_state, the rule every backend
 //   follows, given whether the update saw an overflow. Usually every flag of an update was
 //   read by step(), and the mirror advances at once. An optimizer that was unscale_'d but
 //   not stepped has a flag nobody read: that update is queued with its combined device
@@ -26,7 +26,7 @@
 
 #include <lucid/amp/grad_scaler.h>
 
-#include "cpu/amp_kernels.h"
+#include "amp/scale_rule.h"
 
 #include <c10/util/Exception.h>
 
@@ -188,13 +188,13 @@ void GradScaler::resolve_pending_() const {
     host = at::stack(unread).to(at::kCPU, at::kFloat).contiguous();
   }
   const float* read = host.defined() ? host.data_ptr<float>() : nullptr;
-  cpu::ScaleGuards guards;
+  detail::ScaleGuards guards;
   guards.hysteresis = options_.hysteresis();
   for (const auto& p : diag_.pending) {
     const bool found = p.flag.defined() ? *read++ != 0.0f : p.found;
-    cpu::ScaleEvent event = cpu::ScaleEvent::kNone;
+    detail::ScaleEvent event = detail::ScaleEvent::kNone;
     // Only the trackers matter here: they follow the same rule on every backend.
-    const cpu::ScaleState next = cpu::next_scale_state(
+    const detail::ScaleState next = detail::next_scale_state(
         {1.0f, diag_.growth_tracker, diag_.overflow_tracker}, found, options_.growth_factor(),
         options_.backoff_factor(), options_.growth_interval(), guards, &event);
     diag_.growth_tracker = next.growth_tracker;
@@ -202,21 +202,21 @@ void GradScaler::resolve_pending_() const {
     ScalerCounters& c = diag_.counters;
     c.overflow_updates += found ? 1 : 0;
     c.overflow_streak = found ? c.overflow_streak + 1 : 0;
-    c.backoffs += event == cpu::ScaleEvent::kBackoff ? 1 : 0;
-    c.growths += event == cpu::ScaleEvent::kGrowth ? 1 : 0;
+    c.backoffs += event == detail::ScaleEvent::kBackoff ? 1 : 0;
+    c.growths += event == detail::ScaleEvent::kGrowth ? 1 : 0;
   }
   diag_.pending.clear();
 }
 
 bool GradScaler::predicts_backoff_(bool found) const {
   resolve_pending_();
-  cpu::ScaleGuards guards;
+  detail::ScaleGuards guards;
   guards.hysteresis = options_.hysteresis();
-  cpu::ScaleEvent event = cpu::ScaleEvent::kNone;
-  cpu::next_scale_state({1.0f, diag_.growth_tracker, diag_.overflow_tracker}, found,
+  detail::ScaleEvent event = detail::ScaleEvent::kNone;
+  detail::next_scale_state({1.0f, diag_.growth_tracker, diag_.overflow_tracker}, found,
                         options_.growth_factor(), options_.backoff_factor(),
                         options_.growth_interval(), guards, &event);
-  return event == cpu::ScaleEvent::kBackoff;
+  return event == detail::ScaleEvent::kBackoff;
 }
 
 void GradScaler::finish_iteration_() {

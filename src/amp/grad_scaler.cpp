@@ -10,7 +10,7 @@
 // and get_scale()/state_dict() read the scale back (the opt-in guards and diagnostics
 // that read more say so: NOTE: [Guards], NOTE: [Diagnostics without host
 // synchronisation]). Until the tensors exist the same state is kept on the host
-// (pending_*), advanced by the same rule (cpu::next_scale_state).
+// (pending_*), advanced by the same rule (detail::next_scale_state).
 // The scale is 0-dim so that it never broadcasts a 0-dim loss to shape [1]; float16 and
 // bfloat16 outputs are promoted explicitly (a 0-dim float32 operand would not promote them).
 
@@ -20,7 +20,7 @@
 
 #include "amp/kernel_routing.h"
 #include "amp/scaler_state.h"
-#include "cpu/amp_kernels.h"
+#include "amp/scale_rule.h"
 
 #include <c10/util/Exception.h>
 

@@ -24,7 +24,7 @@
 
 #include "amp/kernel_routing.h"
 #include "amp/scaler_state.h"
-#include "cpu/amp_kernels.h"
+#include "amp/scale_rule.h"
 
 #include <c10/util/Exception.h>
 
@@ -135,10 +135,10 @@ std::optional<BackoffEvent> GradScaler::update_on_device_() {
 }
 
 void GradScaler::update_on_host_() {
-  cpu::ScaleGuards guards;
+  detail::ScaleGuards guards;
   guards.hysteresis = options_.hysteresis();
   guards.max_scale = static_cast<float>(options_.max_scale());
-  const cpu::ScaleState next = cpu::next_scale_state(
+  const detail::ScaleState next = detail::next_scale_state(
       {pending_scale_, static_cast<int32_t>(pending_growth_tracker_),
        static_cast<int32_t>(pending_overflow_tracker_)},
       /*found_inf=*/false, options_.growth_factor(), options_.backoff_factor(),

@@ -166,7 +166,7 @@ class GradScaler {
   struct Diagnostics {
     ScalerCounters counters;  // as of the last resolved schedule update
     // The trackers as of the last resolved update, advanced on the host by the same rule
-    // as the device (cpu::next_scale_state); they say whether an update backed off or grew.
+    // as the device (detail::next_scale_state); they say whether an update backed off or grew.
     int32_t growth_tracker = 0;
     int32_t overflow_tracker = 0;
     // Schedule updates whose outcome is not counted yet, in order: the flag is undefined
