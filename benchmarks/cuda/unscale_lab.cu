@@ -1,8 +1,8 @@
 // A kernel lab for the unscale-and-check pass and the fused optimizers: plain CUDA, no
 // LibTorch, so it builds with nvcc alone in seconds on the GPU machine:
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90 -I src benchmarks/cuda/unscale_lab.cu \
-//        src/amp/cuda/unscale_kernels.cu -o unscale_lab
+//   nvcc -std=c++17 -O3 -arch=sm_90 -I src -o unscale_lab
+//        benchmarks/cuda/unscale_lab.cu src/amp/cuda/unscale_kernels.cu   (one line)
 //   ./unscale_lab            # prints one row per variant and size
 //
 // It instantiates the production kernel templates (amp/cuda/unscale_kernel.cuh,

@@ -104,7 +104,8 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
           }
           steps.push_back(s.step());
         }
-        const int steps_list = o.amsgrad() ? detail::AdamList::kStepsAmsgrad : detail::AdamList::kSteps;
+        const int steps_list =
+            o.amsgrad() ? detail::AdamList::kStepsAmsgrad : detail::AdamList::kSteps;
         std::vector<std::vector<at::Tensor>> lists(steps_list + 1);
         lists[detail::AdamList::kParam] = bucket.params;
         lists[detail::AdamList::kGrad] = bucket.grads;

@@ -14,9 +14,10 @@ namespace {
 // unscaled). Reading a CPU scale is no synchronisation; a device scale with CPU
 // gradients (a model split over devices) has to come to the host once.
 double inv_scale_on_host(const at::Tensor& scale) {
-  return scale.defined()
-             ? 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>())
-             : 1.0;
+  if (!scale.defined()) {
+    return 1.0;
+  }
+  return 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>());
 }
 
 // Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
