@@ -4,8 +4,8 @@
 #include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
-#include "cpu/amp_kernels.h"
-#include "generic/amp_ops.h"
+#include "amp/cpu/amp_kernels.h"
+#include "amp/generic/amp_ops.h"
 
 #include <cfloat>
 #include <cmath>
@@ -151,7 +151,7 @@ TEST(GuardMaxScale, AtFloat32MaxTheScaleStays) {
   GradScaler scaler(GradScalerOptions().init_scale(FLT_MAX / 1.5).growth_interval(1).max_scale(FLT_MAX));
   scaler.scale(torch::ones({}));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), static_cast<double>(FLT_MAX / 1.5f));  // the seed's rule: kept
+  EXPECT_EQ(scaler.get_scale(), static_cast<double>(FLT_MAX / 1.5f));  // PyTorch's rule: kept
 }
 
 TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
@@ -347,7 +347,7 @@ TEST(GuardMinScale, ExplicitScalesBelowItAreRefused) {
 }
 
 TEST(GuardMinScale, WithoutTheGuardTheScaleKeepsFalling) {
-  // The seed's behaviour, unchanged: no guard, no error (the scale halves every time).
+  // PyTorch's GradScaler behaviour: no guard, no error (the scale halves every time).
   GradScaler scaler(GradScalerOptions().init_scale(4));
   OneParam p;
   for (int i = 0; i < 10; ++i) {
@@ -366,10 +366,10 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     const int64_t interval = 1 + rng() % 4;
     const int64_t hysteresis = 1 + rng() % 4;
     const double max_scale = (rng() % 2) ? kInf : std::ldexp(1.0, 8 + rng() % 8);
-    lucid::amp::cpu::ScaleGuards guards;
+    lucid::amp::detail::ScaleGuards guards;
     guards.hysteresis = hysteresis;
     guards.max_scale = static_cast<float>(max_scale);
-    lucid::amp::cpu::ScaleState model{256.0f, 0, 0};
+    lucid::amp::detail::ScaleState model{256.0f, 0, 0};
     auto make = [] {
       return std::vector<at::Tensor>{at::full({}, 256.0f), at::zeros({}, at::kInt),
                                      at::zeros({}, at::kInt)};
@@ -379,7 +379,7 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     for (int i = 0; i < 60; ++i) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
-      model = lucid::amp::cpu::next_scale_state(model, found, 2.0, 0.5, interval, guards);
+      model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
       lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
                                                 interval, hysteresis, max_scale);
       lucid::amp::generic::update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
@@ -396,12 +396,12 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
 TEST(GuardKernels, GuardsOffTwinIsTheSeedRule) {
   // next_scale_state with default guards == the original two-field rule.
   std::mt19937 rng(3);
-  lucid::amp::cpu::ScaleState s{1000.0f, 0};
+  lucid::amp::detail::ScaleState s{1000.0f, 0};
   float scale = 1000.0f;
   int32_t tracker = 0;
   for (int i = 0; i < 500; ++i) {
     const bool found = rng() % 5 == 0;
-    s = lucid::amp::cpu::next_scale_state(s, found, 1.7, 0.3, 3);
+    s = lucid::amp::detail::next_scale_state(s, found, 1.7, 0.3, 3);
     if (found) {
       scale = static_cast<float>(scale * 0.3);
       tracker = 0;

@@ -1,7 +1,8 @@
 #pragma once
 
-// Internal: routes unscale-and-check and the scale update to a backend (src/cpu,
-// src/cuda, src/generic) by device and dtype. Not installed; tests include it.
+// Internal: routes unscale-and-check and the scale update to a backend table
+// (amp/backend.h: src/amp/cpu, src/amp/cuda, src/amp/generic) by device and layout. Not
+// installed; tests include it.
 
 #include <ATen/ATen.h>
 
@@ -42,9 +43,9 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);
 
-// The update with guards (hysteresis, max_scale; see cpu::next_scale_state): the CPU twin
-// for a CPU scale, the generic ATen-ops path on every other device (CUDA included; ATen's
-// kernel knows no guards). No host synchronisation either.
+// The update with guards (hysteresis, max_scale; see detail::next_scale_state): the CPU
+// twin for a CPU scale, the generic ATen-ops path on every other device (CUDA included;
+// ATen's kernel knows no guards). No host synchronisation either.
 //   overflow_tracker: int32, 0-dim, beside `scale`: overflows absorbed by hysteresis.
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,

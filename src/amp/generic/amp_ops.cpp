@@ -1,4 +1,6 @@
-#include "generic/amp_ops.h"
+#include "amp/generic/amp_ops.h"
+
+#include "amp/backend.h"
 
 #include <cmath>
 
@@ -42,7 +44,7 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // Same decisions as cpu::next_scale_state, written as selects on the device. The
+  // Same decisions as detail::next_scale_state, written as selects on the device. The
   // products are float32 (no float64 on MPS): with power-of-two factors, the defaults,
   // identical to the CPU and CUDA schedule; with others they may differ in the last bit.
   const at::Tensor found = found_inf.ne(0);
@@ -62,7 +64,7 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
                            int64_t hysteresis, double max_scale) {
-  // cpu::next_scale_state with guards, as selects on the device (no host sync).
+  // detail::next_scale_state with guards, as selects on the device (no host sync).
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
   const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
@@ -83,6 +85,12 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
   overflow_tracker.copy_(new_overflow);
+}
+
+const AmpBackend& amp_backend() {
+  static const AmpBackend table{"generic", unscale_and_check_, check_finite_, update_scale_,
+                                update_scale_guarded_};
+  return table;
 }
 
 }  // namespace generic
