@@ -1035,10 +1035,14 @@ TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
   EXPECT_EQ(out.item<float>(), 6.0f);
 }
 
-TEST_P(GradScalerBackend, UpdateWithNothingRecordedGrowsWithIntervalOne) {
+TEST_P(GradScalerBackend, UpdateWithNothingRecordedLeavesTheScale) {
+  // The scale exists on the device, but no optimizer was checked: no evidence, no growth.
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
   materialise_scale(scaler, dev());
   scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 1);
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 8.0);
 }
 

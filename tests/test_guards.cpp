@@ -168,8 +168,13 @@ TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
 // ---------------------------------------------------------------------------------------
 // Hysteresis.
 
-TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
-  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2).hysteresis(3));
+TEST_P(GuardBackends, ConsecutiveHysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
+  // HysteresisRefill::kOnCleanUpdate (DeepSpeed's consecutive_hysteresis=True).
+  GradScaler scaler(GradScalerOptions()
+                        .init_scale(1024)
+                        .growth_interval(2)
+                        .hysteresis(3)
+                        .hysteresis_refill(lucid::amp::HysteresisRefill::kOnCleanUpdate));
   scaler.scale(torch::ones({}));
   OneParam p;
   const auto run = [&](bool overflow) {
@@ -194,6 +199,51 @@ TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
   EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 3, /*skipped*/ 5, /*updates*/ 8,
                                               /*overflow_updates*/ 5, /*backoffs*/ 2,
                                               /*growths*/ 1, /*overflow_streak*/ 0}));
+}
+
+TEST_P(GuardBackends, HysteresisIsRefilledOnlyByGrowthByDefault) {
+  // HysteresisRefill::kOnGrowth (Megatron-LM, DeepSpeed's default): overflows separated by
+  // clean updates use the count up too.
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(3).hysteresis(2));
+  EXPECT_EQ(scaler.options().hysteresis_refill(), lucid::amp::HysteresisRefill::kOnGrowth);
+  scaler.scale(torch::ones({}));
+  OneParam p;
+  const auto run = [&](bool overflow) {
+    p.grad_for(overflow);
+    scaler.step(p.optimizer);
+    scaler.update();
+    return scaler.get_scale();
+  };
+  EXPECT_EQ(run(true), 1024.0);   // absorbed (1 of 2)
+  EXPECT_EQ(run(false), 1024.0);  // clean, but no growth: the count stays used
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 1.0);
+  EXPECT_EQ(run(true), 512.0);    // the count is used up: back off
+  EXPECT_EQ(run(false), 512.0);
+  EXPECT_EQ(run(false), 512.0);
+  EXPECT_EQ(run(false), 1024.0);  // three clean updates: growth refills the count
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 0.0);
+  EXPECT_EQ(run(true), 1024.0);   // absorbed again
+}
+
+TEST_P(GuardBackends, AlternatingOverflowsBackOffFourTimesInFiveOnlyUnderRefillOnGrowth) {
+  // hysteresis 2, five overflows each followed by a clean update (growth interval far).
+  for (const auto refill :
+       {lucid::amp::HysteresisRefill::kOnGrowth, lucid::amp::HysteresisRefill::kOnCleanUpdate}) {
+    GradScaler scaler(
+        GradScalerOptions().init_scale(1 << 20).growth_interval(100).hysteresis(2).hysteresis_refill(refill));
+    scaler.scale(torch::ones({}));
+    OneParam p;
+    for (int i = 0; i < 5; ++i) {
+      for (const bool overflow : {true, false}) {
+        p.grad_for(overflow);
+        scaler.step(p.optimizer);
+        scaler.update();
+      }
+    }
+    const bool on_growth = refill == lucid::amp::HysteresisRefill::kOnGrowth;
+    EXPECT_EQ(scaler.counters().backoffs, on_growth ? 4 : 0);
+    EXPECT_EQ(scaler.get_scale(), on_growth ? (1 << 16) : (1 << 20));
+  }
 }
 
 TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
@@ -368,6 +418,7 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     const double max_scale = (rng() % 2) ? kInf : std::ldexp(1.0, 8 + rng() % 8);
     lucid::amp::detail::ScaleGuards guards;
     guards.hysteresis = hysteresis;
+    guards.refill_on_clean = trial % 2 == 1;
     guards.max_scale = static_cast<float>(max_scale);
     lucid::amp::detail::ScaleState model{256.0f, 0, 0};
     auto make = [] {
@@ -381,9 +432,9 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
       model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
       lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
-                                                interval, hysteresis, max_scale);
+                                                interval, guards);
       lucid::amp::generic::update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
-                                                 0.5, interval, hysteresis, max_scale);
+                                                 0.5, interval, guards);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
@@ -393,8 +444,8 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
   }
 }
 
-TEST(GuardKernels, GuardsOffTwinIsTheSeedRule) {
-  // next_scale_state with default guards == the original two-field rule.
+TEST(GuardKernels, GuardsOffTwinIsPyTorchsRule) {
+  // next_scale_state with default guards == PyTorch's two-field rule (above the floor).
   std::mt19937 rng(3);
   lucid::amp::detail::ScaleState s{1000.0f, 0};
   float scale = 1000.0f;

@@ -5,6 +5,8 @@
 // one table: src/amp/cpu, src/amp/cuda (CUDA builds only), src/amp/generic (ATen ops, for
 // every device without a table of its own, and for whatever a table does not take).
 
+#include "amp/scale_rule.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -42,12 +44,12 @@ struct AmpBackend {
                         const at::Tensor& found_inf, double growth_factor,
                         double backoff_factor, int64_t growth_interval);
 
-  // The same with guards (hysteresis, max_scale; detail::next_scale_state);
-  // overflow_tracker: int32, 0-dim, beside `scale`.
+  // The same with guards (hysteresis and its refill mode, max_scale;
+  // detail::next_scale_state); overflow_tracker: int32, 0-dim, beside `scale`.
   void (*update_scale_guarded_)(at::Tensor& scale, at::Tensor& growth_tracker,
                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                                 double growth_factor, double backoff_factor,
-                                int64_t growth_interval, int64_t hysteresis, double max_scale);
+                                int64_t growth_interval, const detail::ScaleGuards& guards);
 };
 
 // The table registered for `type`, or null: the caller then uses generic_amp_backend().

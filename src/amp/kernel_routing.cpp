@@ -124,10 +124,10 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
-                           int64_t hysteresis, double max_scale) {
+                           const ScaleGuards& guards) {
   backend_for_device(scale.device().type())
       .update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
-                             backoff_factor, growth_interval, hysteresis, max_scale);
+                             backoff_factor, growth_interval, guards);
 }
 
 ForceGenericBackendGuard::ForceGenericBackendGuard() : previous_(force_generic.exchange(true)) {}

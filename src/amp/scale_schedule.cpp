@@ -4,12 +4,21 @@
 #include "amp/scale_schedule.h"
 
 #include "amp/kernel_routing.h"
+#include "amp/scale_rule.h"
 
 #include <cmath>
 
 namespace lucid {
 namespace amp {
 namespace detail {
+
+ScaleGuards guards_of(const GradScalerOptions& options) {
+  ScaleGuards guards;
+  guards.hysteresis = options.hysteresis();
+  guards.refill_on_clean = options.hysteresis_refill() == HysteresisRefill::kOnCleanUpdate;
+  guards.max_scale = static_cast<float>(options.max_scale());
+  return guards;
+}
 
 ScaleSchedule::ScaleSchedule(GradScalerOptions options)
     : options_(options), host_scale_(static_cast<float>(options.init_scale())) {}
@@ -54,8 +63,7 @@ void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tra
   if (guarded()) {
     update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
                           options_.growth_factor(), options_.backoff_factor(),
-                          options_.growth_interval(), options_.hysteresis(),
-                          options_.max_scale());
+                          options_.growth_interval(), guards_of(options_));
   } else {
     update_scale_(scale, growth_tracker, found_inf, options_.growth_factor(),
                   options_.backoff_factor(), options_.growth_interval());

@@ -33,6 +33,7 @@
 
 #include <lucid/amp/grad_scaler_options.h>
 
+#include "amp/scale_rule.h"
 #include "amp/scaler_state.h"
 
 #include <ATen/ATen.h>
@@ -40,6 +41,9 @@
 namespace lucid {
 namespace amp {
 namespace detail {
+
+// The guards of `options` as the schedule rule takes them.
+ScaleGuards guards_of(const GradScalerOptions& options);
 
 class ScaleSchedule {
  public:

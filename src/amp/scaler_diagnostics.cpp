@@ -4,6 +4,7 @@
 #include "amp/scaler_diagnostics.h"
 
 #include "amp/scale_rule.h"
+#include "amp/scale_schedule.h"
 
 #include <c10/util/Exception.h>
 
@@ -48,8 +49,7 @@ constexpr size_t kMaxPendingUpdates = 1024;
 // The event one update with outcome `found` has on the mirrored trackers.
 ScaleEvent advance_trackers(int32_t& growth_tracker, int32_t& overflow_tracker, bool found,
                             const GradScalerOptions& options) {
-  ScaleGuards guards;
-  guards.hysteresis = options.hysteresis();
+  const ScaleGuards guards = guards_of(options);
   ScaleEvent event = ScaleEvent::kNone;
   // Only the trackers matter here: they follow the same rule on every backend.
   const ScaleState next =

@@ -35,22 +35,11 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
   }
 }
 
-void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                                 double growth_factor, double backoff_factor,
-                                 int64_t growth_interval, int64_t hysteresis, double max_scale) {
-  detail::ScaleGuards guards;
-  guards.hysteresis = hysteresis;
-  guards.max_scale = static_cast<float>(max_scale);
-  update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
-                        backoff_factor, growth_interval, guards);
-}
-
 }  // namespace
 
 const AmpBackend& amp_backend() {
   static const AmpBackend table{"cpu", table_unscale_and_check_, table_check_finite_,
-                                update_scale_, table_update_scale_guarded_};
+                                update_scale_, update_scale_guarded_};
   return table;
 }
 

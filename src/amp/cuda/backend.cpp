@@ -1,10 +1,10 @@
 // The CUDA table of the backend interface (amp/backend.h): turns gradient lists into
-// tensor tables and launches lucid-amp's own kernels (unscale_kernels.h) on the current
-// stream. Compiled only against a CUDA LibTorch.
+// tensor tables and launches lucid-amp's own kernels (unscale_kernels.h,
+// update_scale_kernel.h) on the current stream. Compiled only against a CUDA LibTorch.
 
 #include "amp/backend.h"
 #include "amp/cuda/unscale_kernels.h"
-#include "amp/generic/amp_ops.h"
+#include "amp/cuda/update_scale_kernel.h"
 #include "cuda_common/table_cache.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -84,21 +84,38 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
   unscale_or_check_<false>(grads, scale, found_inf);
 }
 
-// ATen's _amp_update_scale_ (a one-thread kernel): all three tensors on one device.
+// The scale update (update_scale_kernel.h): every tensor on the scale's device.
+void update_on_device_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor* overflow_tracker,
+                       const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, const detail::ScaleGuards& guards) {
+  c10::cuda::CUDAGuard guard(scale.device());
+  C10_CUDA_CHECK(launch_update_scale(
+      scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
+      overflow_tracker != nullptr ? overflow_tracker->data_ptr<int32_t>() : nullptr,
+      found_inf.data_ptr<float>(), growth_factor, backoff_factor, growth_interval, guards,
+      at::cuda::getCurrentCUDAStream()));
+}
+
 void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
                          const at::Tensor& found_inf, double growth_factor,
                          double backoff_factor, int64_t growth_interval) {
-  at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                         growth_interval);
+  update_on_device_(scale, growth_tracker, nullptr, found_inf, growth_factor, backoff_factor,
+                    growth_interval, detail::ScaleGuards());
+}
+
+void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
+                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                                 double growth_factor, double backoff_factor,
+                                 int64_t growth_interval, const detail::ScaleGuards& guards) {
+  update_on_device_(scale, growth_tracker, &overflow_tracker, found_inf, growth_factor,
+                    backoff_factor, growth_interval, guards);
 }
 
 }  // namespace
 
-// ATen's kernel knows no guards, so the guarded update is the generic one (tensor ops on
-// the scale's device, no host synchronisation).
 const AmpBackend& amp_backend() {
   static const AmpBackend table{"cuda", table_unscale_and_check_, table_check_finite_,
-                                table_update_scale_, generic::update_scale_guarded_};
+                                table_update_scale_, table_update_scale_guarded_};
   return table;
 }
 

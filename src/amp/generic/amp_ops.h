@@ -6,6 +6,8 @@
 // and for tensors a device table does not take. Unchecked on purpose:
 // src/amp/kernel_routing.cpp owns the preconditions (see kernel_routing.h).
 
+#include "amp/scale_rule.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -42,11 +44,11 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
 // The same with guards (detail::next_scale_state's rule as selects, in float32).
 // Args: as update_scale_, and
 //   overflow_tracker: int32, 0-dim, on `scale`'s device: overflows absorbed by hysteresis.
-//   max_scale:        growth cap (+inf: no cap).
+//   guards:           hysteresis, its refill mode and the growth cap.
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
-                           int64_t hysteresis, double max_scale);
+                           const detail::ScaleGuards& guards);
 
 }  // namespace generic
 }  // namespace amp
