@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #define LUCID_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||        \
@@ -92,6 +93,38 @@ typename StateMap::key_type optimizer_state_key(const at::Tensor& param) {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }
 }
+
+// Collects the messages of TORCH_WARN while alive, instead of printing them. LibTorch 2.0
+// moved the handler's hooks from c10::Warning to c10::WarningUtils and handed process() a
+// c10::Warning instead of its parts.
+class ScopedWarningCollector : public c10::WarningHandler {
+ public:
+  ScopedWarningCollector() : previous_(get_handler()) { set_handler(this); }
+  ~ScopedWarningCollector() override { set_handler(previous_); }
+  ScopedWarningCollector(const ScopedWarningCollector&) = delete;
+  ScopedWarningCollector& operator=(const ScopedWarningCollector&) = delete;
+
+#if LUCID_TORCH_AT_LEAST(2, 0)
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+#else
+  void process(const c10::SourceLocation& /*where*/, const std::string& msg,
+               const bool /*verbatim*/) override {
+    messages.push_back(msg);
+  }
+#endif
+
+  std::vector<std::string> messages;
+
+ private:
+#if LUCID_TORCH_AT_LEAST(2, 0)
+  static c10::WarningHandler* get_handler() { return c10::WarningUtils::get_warning_handler(); }
+  static void set_handler(c10::WarningHandler* h) { c10::WarningUtils::set_warning_handler(h); }
+#else
+  static c10::WarningHandler* get_handler() { return c10::Warning::get_warning_handler(); }
+  static void set_handler(c10::WarningHandler* h) { c10::Warning::set_warning_handler(h); }
+#endif
+  c10::WarningHandler* previous_;
+};
 
 }  // namespace compat
 }  // namespace lucid

@@ -47,7 +47,9 @@ inline std::string describe(const ScalerCounters& c) {
   std::ostringstream out;
   out << "{taken " << c.steps_taken << ", skipped " << c.steps_skipped << ", updates "
       << c.updates << ", overflow_updates " << c.overflow_updates << ", backoffs " << c.backoffs
-      << ", growths " << c.growths << ", streak " << c.overflow_streak << "}";
+      << ", growths " << c.growths << ", streak " << c.overflow_streak << ", unchecked updates "
+      << c.updates_without_checks << ", steps without gradients " << c.steps_without_gradients
+      << ", min_scale holds " << c.min_scale_holds << "}";
   return out.str();
 }
 
@@ -55,7 +57,10 @@ inline bool operator_eq(const ScalerCounters& a, const ScalerCounters& b) {
   return a.steps_taken == b.steps_taken && a.steps_skipped == b.steps_skipped &&
          a.updates == b.updates && a.overflow_updates == b.overflow_updates &&
          a.backoffs == b.backoffs && a.growths == b.growths &&
-         a.overflow_streak == b.overflow_streak;
+         a.overflow_streak == b.overflow_streak &&
+         a.updates_without_checks == b.updates_without_checks &&
+         a.steps_without_gradients == b.steps_without_gradients &&
+         a.min_scale_holds == b.min_scale_holds;
 }
 
 // Every counter at once, named in the failure:
