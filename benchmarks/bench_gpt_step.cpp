@@ -1,6 +1,6 @@
 // End-to-end: one GPT-small-like training step from C++ (12 blocks, d=768, 12 heads,
 // batch 16 x 512) with float16 autocast, GradScaler and FusedAdamW — the model of
-// ../shared/anchors/torch_scaler_baseline.py's "fp16_scaler" step (PyTorch's Python loop
+// the PyTorch baseline script's "fp16_scaler" step (PyTorch's Python loop
 // with its fused AdamW); run the script in the same call to compare.
 
 #include <lucid/amp.h>

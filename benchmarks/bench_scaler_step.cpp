@@ -1,4 +1,4 @@
-// Issue 3's GPU figures, side by side with PyTorch's own kernels in the same run:
+// The scaler's GPU figures, side by side with PyTorch's own kernels in the same run:
 //  * unscale-and-check: lucid-amp's kernel vs ATen's _amp_foreach_non_finite_check_and_unscale_,
 //    both against a device copy of the same bytes (8 bytes per float32 gradient);
 //  * read-only check (4 bytes per gradient);
@@ -6,8 +6,9 @@
 //  * bare FusedAdamW vs torch::optim::AdamW from C++ (at the smaller size);
 //  * host synchronisations per step in graph_safe mode, with CUDA's sync debug mode set
 //    to error (any synchronisation would throw).
-// The parameter shapes are those of ../shared/anchors/torch_scaler_baseline.py. Run that
-// script in the same call to compare with PyTorch's fused optimizers.
+// The parameter shapes are those of the team's PyTorch baseline script (carried to the
+// GPU machine as .vendor/anchors/torch_scaler_baseline.py). Run it in the same call to
+// compare with PyTorch's fused optimizers (scripts/gpu_check.sh does).
 //
 // Usage: bench_scaler_step [million_params layers]...   (default: 125 12 1300 24)
 

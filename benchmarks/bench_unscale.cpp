@@ -3,7 +3,7 @@
 // Both move 8 bytes per float32 gradient element (read 4, write 4): the copy reads a
 // source and writes a destination of the same total size in one flat copy_; the
 // unscale reads and writes the gradients in place. The ratio unscale/copy is the goal
-// (issue 2: >= 0.90 on the CPU). The scale alternates between 2 and 1/2 so values stay
+// (>= 0.90 on the CPU). The scale alternates between 2 and 1/2 so values stay
 // bounded and never reach subnormals (which would slow the multiply, not the memory).
 //
 // Usage: bench_unscale [cpu|cuda] [million_params ...]   (default: cpu 16 116)

@@ -11,8 +11,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
 "$root/scripts/run.sh"
 "$root/scripts/setup.sh" -DLUCID_AMP_BUILD_TESTS=ON -DLUCID_AMP_DISCOVER_TESTS=OFF "$@"
-echo "== running the seed example"
-"$build_dir/examples/seed_example"
+echo "== running the reference example"
+"$build_dir/examples/reference_example"
 echo "== running the tests"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
 if [ "${LUCID_AMP_SANITIZE:-1}" != 0 ]; then

@@ -6,7 +6,7 @@
 #
 #   scripts/valgrind.sh [test_executable ...]   # default: the core API, checkpoint and
 #                                               # kernel tests
-#   scripts/valgrind.sh --all                   # every test executable and the seed
+#   scripts/valgrind.sh --all                   # every test executable and the reference
 #                                               # example (children too), one by one
 # Under --all the property test runs LUCID_PROPERTY_SEQUENCES=300 (default 3000): valgrind
 # makes it about 50 times slower.
@@ -20,7 +20,7 @@ programs=()
 if [ "${1:-}" = --all ]; then
   export LUCID_PROPERTY_SEQUENCES=${LUCID_PROPERTY_SEQUENCES:-300}
   mapfile -t programs < <(find "$build_dir/tests" -type f -perm -u+x -name 'test_*' | sort)
-  programs+=("$build_dir/examples/seed_example")
+  programs+=("$build_dir/examples/reference_example")
 else
   tests=("$@")
   ((${#tests[@]})) || tests=(test_grad_scaler_api test_serialize test_unscale_kernels)

@@ -1,5 +1,5 @@
-// GradScaler's public behaviour, one TEST per documented behaviour of
-// ../shared/spec/seed-GradScaler.txt and ../shared/spec/cpp-api.md: scale(), the
+// GradScaler's public behaviour, one TEST per documented behaviour of the contract
+// (README, "The contract"): scale(), the
 // scale/step/update loop, the per-optimizer stage machine, closures, the disabled
 // pass-through, refused gradient dtypes, unscaling per dtype, non-finite gradients,
 // sparse gradients, several optimizers, and the growth/backoff schedule.
@@ -423,7 +423,7 @@ TEST(GradScalerStages, StepAfterUnscaleDoesNotDivideASecondTime) {
 }
 
 TEST(GradScalerStages, ClippingBetweenUnscaleAndStepIsWhatTheOptimizerUses) {
-  // The seed's second example: unscale_, clip the real gradients, then step.
+  // The reference API's second example: unscale_, clip the real gradients, then step.
   HandParam p({0.0f, 0.0f});
   GradScaler scaler;
   p.set_grad(scaled({3.0f, 4.0f}, kDefaultScale));  // true norm 5

@@ -5,7 +5,7 @@
 
 #include "amp/kernel_routing.h"
 #include "amp/cpu/amp_kernels.h"
-#include "amp/generic/amp_ops.h"
+#include "amp/backend.h"
 
 #include <cfloat>
 #include <cmath>
@@ -85,7 +85,7 @@ TEST(GuardOptions, DisabledScalerStillValidatesGuards) {
 // ---------------------------------------------------------------------------------------
 // Defaults change nothing: the same random run with guards explicitly off.
 
-TEST(GuardDefaults, GuardsOffFollowTheSeedScheduleExactly) {
+TEST(GuardDefaults, GuardsOffFollowPyTorchsScheduleExactly) {
   for (const bool generic : {false, true}) {
     std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
     if (generic) {
@@ -433,7 +433,7 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
       model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
       lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
                                                 interval, guards);
-      lucid::amp::generic::update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
+      lucid::amp::generic::amp_backend().update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
                                                  0.5, interval, guards);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;

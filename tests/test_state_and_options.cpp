@@ -1,5 +1,5 @@
 // GradScalerOptions (defaults and validation) and GradScaler's state: get_scale,
-// state_dict and load_state_dict (../shared/spec/cpp-api.md).
+// state_dict and load_state_dict (README, "The contract").
 
 #include "support/scaler_fixtures.h"
 
@@ -18,7 +18,7 @@ using State = std::map<std::string, double>;
 // ---------------------------------------------------------------------------------------
 // Options.
 
-TEST(GradScalerOptionsTest, DefaultsMatchTheSeed) {
+TEST(GradScalerOptionsTest, DefaultsMatchTheReferenceAPI) {
   const GradScalerOptions options;
   EXPECT_EQ(options.init_scale(), 65536.0);
   EXPECT_EQ(options.growth_factor(), 2.0);

@@ -7,7 +7,7 @@
 
 #include "amp/kernel_routing.h"
 #include "amp/cpu/amp_kernels.h"
-#include "amp/generic/amp_ops.h"
+#include "amp/backend.h"
 
 #include <cfloat>
 #include <cmath>
@@ -193,7 +193,7 @@ Schedule run_update(bool generic, Schedule s, bool found, double growth, double 
   at::Tensor tracker = at::full({}, s.tracker, at::kInt);
   const at::Tensor found_inf = at::full({}, found ? 1.0f : 0.0f, at::kFloat);
   if (generic) {
-    lucid::amp::generic::update_scale_(scale, tracker, found_inf, growth, backoff, interval);
+    lucid::amp::generic::amp_backend().update_scale_(scale, tracker, found_inf, growth, backoff, interval);
   } else {
     lucid::amp::cpu::update_scale_(scale, tracker, found_inf, growth, backoff, interval);
   }

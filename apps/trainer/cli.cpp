@@ -62,7 +62,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
       ->capture_default_str();
   std::string subnormals = "flush";
   app.add_option("--fp16-subnormals", subnormals,
-                 "CPU float16 emulation: flush results below 2^-14 to zero (Metal, the seed "
+                 "CPU float16 emulation: flush results below 2^-14 to zero (Metal, the reference "
                  "page's device) or keep them as IEEE subnormals (CUDA)")
       ->check(CLI::IsMember({"flush", "keep"}))
       ->capture_default_str();

@@ -13,9 +13,9 @@
 // the loss before backward(), so the gradients are s times larger when they meet these
 // roundings, and are divided by s in float32 only after them.
 // Subnormals (2^-24 <= |x| < 2^-14): CUDA keeps them for float16, and so does the CPU
-// conversion through c10::Half (exact IEEE rounding). Metal, the seed page's device,
-// flushes them to zero ("Metal flushes those subnormals to zero"); the trainer emulates
-// that by default (--fp16-subnormals flush), since it is the case the seed describes and
+// conversion through c10::Half (exact IEEE rounding). Apple's Metal, the reference API's
+// device, flushes them to zero; the trainer emulates that by default
+// (--fp16-subnormals flush), since it is the case the reference API describes and
 // the one where a small CNN's gradients, with the usual batch-mean loss, underflow.
 
 #include "fp16_range.h"

@@ -68,7 +68,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   optimizer_ = std::make_unique<torch::optim::Adam>(model_->parameters(),
                                                     torch::optim::AdamOptions(config_.lr));
   // Every run goes through a GradScaler; only fp16-scaled's is enabled, the others are
-  // the seed's pass-through (scale returns its input, step calls the optimizer).
+  // the reference API's pass-through (scale returns its input, step calls the optimizer).
   scaler_ = std::make_unique<lucid::amp::GradScaler>(
       lucid::amp::GradScalerOptions()
           .init_scale(config_.init_scale)

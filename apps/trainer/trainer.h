@@ -35,7 +35,7 @@ struct TrainConfig {
   double lr = 1e-3;               ///< Adam's learning rate
   double head_init_gain = 1.0;    ///< NOTE: [Small head] in model.cpp
   LossNorm loss_norm = LossNorm::kDatasetSum;
-  /// CPU float16 emulation: flush results below 2^-14 to 0 (Metal, the seed's device) or
+  /// CPU float16 emulation: flush results below 2^-14 to 0 (Metal, the reference API's device) or
   /// keep IEEE subnormals (CUDA). NOTE: [float16 range emulation] in fp16_range.cpp.
   bool flush_subnormals = true;
   uint64_t seed = 0;              ///< model init and the data order of every epoch

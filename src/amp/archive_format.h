@@ -4,6 +4,10 @@
 // checksum. Described in src/amp/serialize.cpp; the fuzz target uses these to build
 // archives with a valid checksum around invalid values.
 
+#include <lucid/amp/diagnostics.h>
+
+#include "amp/scaler_state.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
@@ -16,46 +20,26 @@ namespace detail {
 
 enum class ArchiveKind { kInt, kDouble, kBool };
 
-// The values of one archive, as written (the scale as the double of its float32 value).
+// What one archive holds: the scaler's schedule (with its options but `enabled`), whether
+// it was enabled, and its counters.
 struct ArchiveRecord {
   bool enabled = true;
-  double scale = 0.0;
-  double growth_factor = 0.0;
-  double backoff_factor = 0.0;
-  int64_t growth_interval = 0;
-  int64_t growth_tracker = 0;
-  double min_scale = 0.0;
-  double max_scale = 0.0;
-  int64_t hysteresis = 0;
-  int64_t overflow_tracker = 0;
-  int64_t steps_taken = 0;
-  int64_t steps_skipped = 0;
-  int64_t updates = 0;
-  int64_t overflow_updates = 0;
-  int64_t backoffs = 0;
-  int64_t growths = 0;
-  int64_t overflow_streak = 0;
-  // Since format version 2.
-  int64_t hysteresis_refill = 0;  // HysteresisRefill as an int
-  int64_t min_scale_policy = 0;   // MinScalePolicy as an int
-  int64_t overflow_warning_streak = 0;
-  int64_t max_overflow_streak = 0;
-  bool strict_inf_checks = false;
-  int64_t updates_without_checks = 0;
-  int64_t steps_without_gradients = 0;
-  int64_t min_scale_holds = 0;
+  ScalerSnapshot schedule;
+  ScalerCounters counters;
 };
 
-// One entry of the archive: its key, its type and the ArchiveRecord member holding it
-// (the member pointer of `kind`'s type is set, the others are null).
+// One entry of the archive: its key, its type, the first format version that has it, and
+// how it is read from and written into an ArchiveRecord (archive_fields() builds these
+// from member pointers, so each entry names its member once).
 struct ArchiveField {
   const char* key;
   ArchiveKind kind;
-  int64_t ArchiveRecord::*int_member = nullptr;
-  double ArchiveRecord::*double_member = nullptr;
-  bool ArchiveRecord::*bool_member = nullptr;
-  // The first format version that has the field.
-  int64_t since_version = 1;
+  int64_t since_version;
+  c10::IValue (*read)(const ArchiveRecord& record);
+  // `value` holds `kind` (load checks that first); `key` names it in messages. Throws
+  // c10::ValueError for a value the member cannot hold (a scale that is not a float32
+  // value, an unknown enum value).
+  void (*write)(ArchiveRecord& record, const c10::IValue& value, const char* key);
 };
 
 // Every field of format version `version` after "format_version" and before "checksum",
@@ -64,10 +48,6 @@ std::vector<ArchiveField> archive_fields(int64_t version);
 // The fields of the version GradScaler::save writes.
 const std::vector<ArchiveField>& archive_fields();
 
-// The field's value in `record`, as the IValue save writes.
-c10::IValue read_field(const ArchiveRecord& record, const ArchiveField& field);
-// Stores `value` (which must hold the field's kind) into `record`.
-void write_field(ArchiveRecord& record, const ArchiveField& field, const c10::IValue& value);
 
 // FNV-1a (64 bits) over the format version and each field's key and 8 value bytes (the
 // int64, the double's bits, or the bool as an int64), in archive_fields(format_version)

@@ -46,6 +46,7 @@
 #include <iterator>
 #include <sstream>
 #include <ostream>
+#include <type_traits>
 
 namespace lucid {
 namespace amp {
@@ -53,44 +54,103 @@ namespace detail {
 
 namespace {
 
-ArchiveField int_field(const char* key, int64_t ArchiveRecord::*member, int64_t since = 1) {
-  return {key, ArchiveKind::kInt, member, nullptr, nullptr, since};
-}
-ArchiveField double_field(const char* key, double ArchiveRecord::*member) {
-  return {key, ArchiveKind::kDouble, nullptr, member, nullptr, 1};
-}
-ArchiveField bool_field(const char* key, bool ArchiveRecord::*member, int64_t since = 1) {
-  return {key, ArchiveKind::kBool, nullptr, nullptr, member, since};
+// Values as the archive holds them: integers and enums as int, doubles and the float32
+// scale as double, bools as bool.
+c10::IValue to_ivalue(bool v) { return c10::IValue(v); }
+c10::IValue to_ivalue(double v) { return c10::IValue(v); }
+c10::IValue to_ivalue(float v) { return c10::IValue(static_cast<double>(v)); }
+c10::IValue to_ivalue(int64_t v) { return c10::IValue(v); }
+c10::IValue to_ivalue(HysteresisRefill v) { return c10::IValue(static_cast<int64_t>(v)); }
+c10::IValue to_ivalue(MinScalePolicy v) { return c10::IValue(static_cast<int64_t>(v)); }
+
+template <typename T>
+constexpr ArchiveKind kind_of() {
+  return std::is_same<T, bool>::value                                      ? ArchiveKind::kBool
+         : std::is_same<T, double>::value || std::is_same<T, float>::value ? ArchiveKind::kDouble
+                                                                           : ArchiveKind::kInt;
 }
 
+void from_ivalue(const c10::IValue& v, const char* /*key*/, bool& out) { out = v.toBool(); }
+void from_ivalue(const c10::IValue& v, const char* /*key*/, double& out) { out = v.toDouble(); }
+void from_ivalue(const c10::IValue& v, const char* /*key*/, int64_t& out) { out = v.toInt(); }
+void from_ivalue(const c10::IValue& v, const char* key, float& out) {
+  // The scale is saved as the double of its float32 value: anything else was not written
+  // by GradScaler::save.
+  const double d = v.toDouble();
+  out = checked_scale(d, "state 'scale'");
+  TORCH_CHECK_VALUE(static_cast<double>(out) == d, "GradScaler::load: '", key, "' ", d,
+                    " is not a float32 value; the archive was not written by GradScaler::save.");
+}
+template <typename Enum>
+void enum_from_ivalue(const c10::IValue& v, const char* key, int64_t count, Enum& out) {
+  const int64_t i = v.toInt();
+  TORCH_CHECK_VALUE(i >= 0 && i < count, "GradScaler::load: '", key, "' must be in [0, ", count,
+                    "), got ", i, "; the archive was not written by GradScaler::save.");
+  out = static_cast<Enum>(i);
+}
+void from_ivalue(const c10::IValue& v, const char* key, HysteresisRefill& out) {
+  enum_from_ivalue(v, key, 2, out);
+}
+void from_ivalue(const c10::IValue& v, const char* key, MinScalePolicy& out) {
+  enum_from_ivalue(v, key, 2, out);
+}
+
+// The accessors of one member, reached through `Part` of ArchiveRecord (the record itself,
+// its schedule or its counters).
+template <auto kPart, auto kMember>
+struct Access {
+  static auto& of(ArchiveRecord& r) { return (r.*kPart).*kMember; }
+  static const auto& of(const ArchiveRecord& r) { return (r.*kPart).*kMember; }
+};
+template <auto kMember>
+struct Access<nullptr, kMember> {
+  static auto& of(ArchiveRecord& r) { return r.*kMember; }
+  static const auto& of(const ArchiveRecord& r) { return r.*kMember; }
+};
+
+template <auto kPart, auto kMember>
+ArchiveField field(const char* key, int64_t since) {
+  using A = Access<kPart, kMember>;
+  using T = std::decay_t<decltype(A::of(std::declval<const ArchiveRecord&>()))>;
+  constexpr ArchiveKind kind = std::is_enum<T>::value ? ArchiveKind::kInt : kind_of<T>();
+  return {key, kind, since, [](const ArchiveRecord& r) { return to_ivalue(A::of(r)); },
+          [](ArchiveRecord& r, const c10::IValue& v, const char* key) {
+            from_ivalue(v, key, A::of(r));
+          }};
+}
+
+constexpr auto kSchedule = &ArchiveRecord::schedule;
+constexpr auto kCounters = &ArchiveRecord::counters;
+using S = ScalerSnapshot;
+using C = ScalerCounters;
+
 const std::vector<ArchiveField>& all_fields() {
-  using R = ArchiveRecord;
   static const std::vector<ArchiveField> fields = {
-      bool_field("enabled", &R::enabled),
-      double_field("scale", &R::scale),
-      double_field("growth_factor", &R::growth_factor),
-      double_field("backoff_factor", &R::backoff_factor),
-      int_field("growth_interval", &R::growth_interval),
-      int_field("growth_tracker", &R::growth_tracker),
-      double_field("min_scale", &R::min_scale),
-      double_field("max_scale", &R::max_scale),
-      int_field("hysteresis", &R::hysteresis),
-      int_field("overflow_tracker", &R::overflow_tracker),
-      int_field("steps_taken", &R::steps_taken),
-      int_field("steps_skipped", &R::steps_skipped),
-      int_field("updates", &R::updates),
-      int_field("overflow_updates", &R::overflow_updates),
-      int_field("backoffs", &R::backoffs),
-      int_field("growths", &R::growths),
-      int_field("overflow_streak", &R::overflow_streak),
-      int_field("hysteresis_refill", &R::hysteresis_refill, 2),
-      int_field("min_scale_policy", &R::min_scale_policy, 2),
-      int_field("overflow_warning_streak", &R::overflow_warning_streak, 2),
-      int_field("max_overflow_streak", &R::max_overflow_streak, 2),
-      bool_field("strict_inf_checks", &R::strict_inf_checks, 2),
-      int_field("updates_without_checks", &R::updates_without_checks, 2),
-      int_field("steps_without_gradients", &R::steps_without_gradients, 2),
-      int_field("min_scale_holds", &R::min_scale_holds, 2),
+      field<nullptr, &ArchiveRecord::enabled>("enabled", 1),
+      field<kSchedule, &S::scale>("scale", 1),
+      field<kSchedule, &S::growth_factor>("growth_factor", 1),
+      field<kSchedule, &S::backoff_factor>("backoff_factor", 1),
+      field<kSchedule, &S::growth_interval>("growth_interval", 1),
+      field<kSchedule, &S::growth_tracker>("growth_tracker", 1),
+      field<kSchedule, &S::min_scale>("min_scale", 1),
+      field<kSchedule, &S::max_scale>("max_scale", 1),
+      field<kSchedule, &S::hysteresis>("hysteresis", 1),
+      field<kSchedule, &S::overflow_tracker>("overflow_tracker", 1),
+      field<kCounters, &C::steps_taken>("steps_taken", 1),
+      field<kCounters, &C::steps_skipped>("steps_skipped", 1),
+      field<kCounters, &C::updates>("updates", 1),
+      field<kCounters, &C::overflow_updates>("overflow_updates", 1),
+      field<kCounters, &C::backoffs>("backoffs", 1),
+      field<kCounters, &C::growths>("growths", 1),
+      field<kCounters, &C::overflow_streak>("overflow_streak", 1),
+      field<kSchedule, &S::hysteresis_refill>("hysteresis_refill", 2),
+      field<kSchedule, &S::min_scale_policy>("min_scale_policy", 2),
+      field<kSchedule, &S::overflow_warning_streak>("overflow_warning_streak", 2),
+      field<kSchedule, &S::max_overflow_streak>("max_overflow_streak", 2),
+      field<kSchedule, &S::strict_inf_checks>("strict_inf_checks", 2),
+      field<kCounters, &C::updates_without_checks>("updates_without_checks", 2),
+      field<kCounters, &C::steps_without_gradients>("steps_without_gradients", 2),
+      field<kCounters, &C::min_scale_holds>("min_scale_holds", 2),
   };
   return fields;
 }
@@ -110,33 +170,6 @@ std::vector<ArchiveField> archive_fields(int64_t version) {
 const std::vector<ArchiveField>& archive_fields() {
   static const std::vector<ArchiveField> fields = archive_fields(kGradScalerArchiveVersion);
   return fields;
-}
-
-c10::IValue read_field(const ArchiveRecord& record, const ArchiveField& field) {
-  switch (field.kind) {
-    case ArchiveKind::kInt:
-      return c10::IValue(record.*field.int_member);
-    case ArchiveKind::kDouble:
-      return c10::IValue(record.*field.double_member);
-    case ArchiveKind::kBool:
-      return c10::IValue(record.*field.bool_member);
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown archive field kind");
-}
-
-void write_field(ArchiveRecord& record, const ArchiveField& field, const c10::IValue& value) {
-  switch (field.kind) {
-    case ArchiveKind::kInt:
-      record.*field.int_member = value.toInt();
-      return;
-    case ArchiveKind::kDouble:
-      record.*field.double_member = value.toDouble();
-      return;
-    case ArchiveKind::kBool:
-      record.*field.bool_member = value.toBool();
-      return;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown archive field kind");
 }
 
 namespace {
@@ -264,84 +297,6 @@ detail::ScalerSnapshot current_options_snapshot(const GradScalerOptions& o) {
   return s;
 }
 
-detail::ArchiveRecord to_record(bool enabled, const detail::ScalerSnapshot& s,
-                                const ScalerCounters& c) {
-  detail::ArchiveRecord r;
-  r.enabled = enabled;
-  r.scale = static_cast<double>(s.scale);
-  r.growth_factor = s.growth_factor;
-  r.backoff_factor = s.backoff_factor;
-  r.growth_interval = s.growth_interval;
-  r.growth_tracker = s.growth_tracker;
-  r.min_scale = s.min_scale;
-  r.max_scale = s.max_scale;
-  r.hysteresis = s.hysteresis;
-  r.overflow_tracker = s.overflow_tracker;
-  r.steps_taken = c.steps_taken;
-  r.steps_skipped = c.steps_skipped;
-  r.updates = c.updates;
-  r.overflow_updates = c.overflow_updates;
-  r.backoffs = c.backoffs;
-  r.growths = c.growths;
-  r.overflow_streak = c.overflow_streak;
-  r.hysteresis_refill = static_cast<int64_t>(s.hysteresis_refill);
-  r.min_scale_policy = static_cast<int64_t>(s.min_scale_policy);
-  r.overflow_warning_streak = s.overflow_warning_streak;
-  r.max_overflow_streak = s.max_overflow_streak;
-  r.strict_inf_checks = s.strict_inf_checks;
-  r.updates_without_checks = c.updates_without_checks;
-  r.steps_without_gradients = c.steps_without_gradients;
-  r.min_scale_holds = c.min_scale_holds;
-  return r;
-}
-
-// An enum stored as an int: one of its `count` values.
-template <typename Enum>
-Enum checked_enum(int64_t value, int64_t count, const char* key) {
-  TORCH_CHECK_VALUE(value >= 0 && value < count, kLoad, ": '", key, "' must be in [0, ", count,
-                    "), got ", value, "; the archive was not written by GradScaler::save.");
-  return static_cast<Enum>(value);
-}
-
-// The schedule an archive holds, checked as every other source of state is.
-detail::ScalerSnapshot snapshot_of(const detail::ArchiveRecord& r) {
-  detail::ScalerSnapshot s;
-  s.scale = detail::checked_scale(r.scale, "state 'scale'");
-  TORCH_CHECK_VALUE(static_cast<double>(s.scale) == r.scale, kLoad, ": 'scale' ", r.scale,
-                    " is not a float32 value; the archive was not written by GradScaler::save.");
-  s.growth_factor = r.growth_factor;
-  s.backoff_factor = r.backoff_factor;
-  s.growth_interval = r.growth_interval;
-  s.growth_tracker = r.growth_tracker;
-  s.min_scale = r.min_scale;
-  s.max_scale = r.max_scale;
-  s.hysteresis = r.hysteresis;
-  s.overflow_tracker = r.overflow_tracker;
-  s.hysteresis_refill =
-      checked_enum<HysteresisRefill>(r.hysteresis_refill, 2, "hysteresis_refill");
-  s.min_scale_policy = checked_enum<MinScalePolicy>(r.min_scale_policy, 2, "min_scale_policy");
-  s.overflow_warning_streak = r.overflow_warning_streak;
-  s.max_overflow_streak = r.max_overflow_streak;
-  s.strict_inf_checks = r.strict_inf_checks;
-  detail::validate_snapshot(s, kLoad);
-  return s;
-}
-
-ScalerCounters counters_of(const detail::ArchiveRecord& r) {
-  ScalerCounters c;
-  c.steps_taken = r.steps_taken;
-  c.steps_skipped = r.steps_skipped;
-  c.updates = r.updates;
-  c.overflow_updates = r.overflow_updates;
-  c.backoffs = r.backoffs;
-  c.growths = r.growths;
-  c.overflow_streak = r.overflow_streak;
-  c.updates_without_checks = r.updates_without_checks;
-  c.steps_without_gradients = r.steps_without_gradients;
-  c.min_scale_holds = r.min_scale_holds;
-  check_counters(c);
-  return c;
-}
 
 }  // namespace
 
@@ -419,12 +374,12 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   // The counters are saved too: settle the ones still queued on the device first.
   const ScalerCounters counters = this->counters();
-  const detail::ArchiveRecord record = to_record(is_enabled(), core_().snapshot(), counters);
+  const detail::ArchiveRecord record{is_enabled(), core_().snapshot(), counters};
   const auto& fields = detail::archive_fields();
   std::vector<c10::IValue> values;
   values.reserve(fields.size());
   for (const auto& field : fields) {
-    values.push_back(detail::read_field(record, field));
+    values.push_back(field.read(record));
   }
   torch::serialize::OutputArchive child(archive.compilation_unit());
   child.write("format_version", c10::IValue(kGradScalerArchiveVersion));
@@ -470,13 +425,14 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
 
   // Then the values, with the checks every other source of state goes through. Fields an
   // older version lacks keep this scaler's options; its new counters start at 0.
-  detail::ArchiveRecord record =
-      to_record(/*enabled=*/true, current_options_snapshot(core_().options()), ScalerCounters{});
+  detail::ArchiveRecord record{true, current_options_snapshot(core_().options()), ScalerCounters{}};
   for (size_t i = 0; i < fields.size(); ++i) {
-    detail::write_field(record, fields[i], values[i]);
+    fields[i].write(record, values[i], fields[i].key);
   }
-  const detail::ScalerSnapshot s = snapshot_of(record);
-  const ScalerCounters c = counters_of(record);
+  detail::validate_snapshot(record.schedule, kLoad);
+  check_counters(record.counters);
+  const detail::ScalerSnapshot& s = record.schedule;
+  const ScalerCounters& c = record.counters;
 
   if (!is_enabled()) {
     return;  // checked, and ignored, as load_state_dict does for a disabled scaler

@@ -18,7 +18,7 @@
 //
 // LibTorch's Gloo and NCCL headers are wrapped in USE_C10D_GLOO / USE_C10D_NCCL. LibTorch
 // 1.13's CMake package defines neither; PyTorch 2.11's defines both for every user, even
-// though the wheel ships no gloo headers (seen on the H200). So our sources include them
+// though the wheel ships no gloo headers. So our sources include them
 // only under LUCID_AMP_HAS_GLOO / LUCID_AMP_HAS_NCCL, which CMakeLists.txt defines (with
 // the USE_C10D_* twin) when it found the headers.
 

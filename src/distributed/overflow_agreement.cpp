@@ -33,9 +33,8 @@
 // Waiting: by default the host waits, bounded by `timeout`; on CUDA this is one host
 // wait, which GradScaler::step's read of the flag would need anyway. A CPU flag waits in
 // Work::wait(timeout). A device flag is polled (wait_until_completed below), because
-// ProcessGroupNCCL's Work::wait(timeout) checks for completion only every millisecond:
-// seen on the H200, where an agreement queued behind a step's kernels added 1.1 ms to a
-// 0.7 ms step.
+// ProcessGroupNCCL's Work::wait(timeout) checks for completion only every millisecond,
+// which would add up to a millisecond to every step (docs/PERFORMANCE.md, Distributed).
 // In graph-safe mode a non-CPU flag is only stream-ordered after the collective
 // (Work::wait() without a timeout: ProcessGroupNCCL makes the current stream wait on its
 // own, without blocking the host; with a timeout it would busy-wait on the host), so the

@@ -27,17 +27,11 @@ bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale);
 // Args as above.
 bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale);
 
-// CPU twin of the device update (detail::next_scale_state with guards off).
-// Args:
-//   scale:          float32, 0-dim, on the CPU.
-//   growth_tracker: int32, 0-dim, on the CPU.
-//   found_inf:      float32, 0-dim, on the CPU.
-// All three are the caller's (routing, and the scaler's own checks) to ensure.
+// The CPU table's scale updates: detail::next_scale_state on the host, no guards (PyTorch's
+// rule) or with them. Args: AmpBackend::update_scale_ / update_scale_guarded_
+// (amp/backend.h), every tensor on the CPU.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);
-
-// The same with guards.
-// Args: as above, and overflow_tracker: int32, 0-dim, on the CPU.
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,

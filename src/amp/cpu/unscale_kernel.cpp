@@ -46,29 +46,33 @@ struct Span {
   at::ScalarType dtype;
 };
 
-// kWrite false: the read-only check (nothing stored).
-template <bool kWrite>
-LUCID_CPU_CLONES bool unscale_span_f32(float* p, int64_t n, float inv) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float y = p[i] * inv;
-    if (kWrite) p[i] = y;
-    uint32_t bits;
-    std::memcpy(&bits, &y, sizeof bits);
-    bad |= static_cast<uint32_t>((bits & kF32ExponentMask) == kF32ExponentMask);
-  }
-  return bad != 0;
-}
+// The exponent field of an IEEE type: all ones means inf or NaN.
+template <typename T>
+struct Ieee;
+template <>
+struct Ieee<float> {
+  using Bits = uint32_t;
+  static constexpr Bits kExponent = kF32ExponentMask;
+};
+template <>
+struct Ieee<double> {
+  using Bits = uint64_t;
+  static constexpr Bits kExponent = kF64ExponentMask;
+};
 
-template <bool kWrite>
-LUCID_CPU_CLONES bool unscale_span_f64(double* p, int64_t n, double inv) {
-  uint64_t bad = 0;
+// Multiplies a float32 or float64 span by `inv` in its own dtype; kWrite false is the
+// read-only check (nothing stored). The test on the bits, not std::isfinite, keeps the
+// loop branch-free so that it vectorises.
+template <bool kWrite, typename T>
+LUCID_CPU_CLONES bool unscale_span_ieee(T* p, int64_t n, T inv) {
+  using Bits = typename Ieee<T>::Bits;
+  Bits bad = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double y = p[i] * inv;
+    const T y = p[i] * inv;
     if (kWrite) p[i] = y;
-    uint64_t bits;
+    Bits bits;
     std::memcpy(&bits, &y, sizeof bits);
-    bad |= static_cast<uint64_t>((bits & kF64ExponentMask) == kF64ExponentMask);
+    bad |= static_cast<Bits>((bits & Ieee<T>::kExponent) == Ieee<T>::kExponent);
   }
   return bad != 0;
 }
@@ -97,9 +101,9 @@ template <bool kWrite>
 bool unscale_span(const Span& span, float inv_f32, double inv_f64) {
   switch (span.dtype) {
     case at::kFloat:
-      return unscale_span_f32<kWrite>(static_cast<float*>(span.data), span.numel, inv_f32);
+      return unscale_span_ieee<kWrite>(static_cast<float*>(span.data), span.numel, inv_f32);
     case at::kDouble:
-      return unscale_span_f64<kWrite>(static_cast<double*>(span.data), span.numel, inv_f64);
+      return unscale_span_ieee<kWrite>(static_cast<double*>(span.data), span.numel, inv_f64);
     case at::kBFloat16:
       return unscale_span_bf16<kWrite>(static_cast<uint16_t*>(span.data), span.numel, inv_f32);
     default:

@@ -1,12 +1,19 @@
-#include "amp/generic/amp_ops.h"
+// The generic table of the backend interface (amp/backend.h), built from ATen operations:
+// runs on any LibTorch device (Apple MPS, XPU, ...), one tensor at a time, with no host
+// synchronisation. It is the fallback for every device without a table of its own and
+// for tensors a device table does not take (sparse values, overlapping strides).
+// Unchecked on purpose: the routing (kernel_routing.cpp) owns the preconditions, stated
+// with AmpBackend.
 
 #include "amp/backend.h"
+#include "amp/scale_rule.h"
 
 #include <cmath>
 
 namespace lucid {
 namespace amp {
 namespace generic {
+namespace {
 
 void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                         at::Tensor& found_inf) {
@@ -42,16 +49,12 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
   }
 }
 
-namespace {
-
 // scale * backoff_factor, never below detail::kScaleFloor (nor below a smaller scale).
 at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
   const at::Tensor floor =
       at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
   return at::maximum(scale * backoff_factor, floor);
 }
-
-}  // namespace
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
@@ -100,6 +103,8 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
   growth_tracker.copy_(new_tracker);
   overflow_tracker.copy_(new_overflow);
 }
+
+}  // namespace
 
 const AmpBackend& amp_backend() {
   static const AmpBackend table{"generic", unscale_and_check_, check_finite_, update_scale_,

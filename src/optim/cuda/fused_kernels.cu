@@ -18,44 +18,40 @@ __global__ void increment_steps_kernel(Table table, int list, const float* found
   }
 }
 
-// Unchecked on purpose: launch_fused_adam below has checked the table.
+// The kernel instantiation a step's hyper-parameters need.
 template <typename S>
-cudaError_t launch_adam_typed(const TensorTable& t, const AdamHyper& h, const float* scale,
-                              const float* found_inf, cudaStream_t stream) {
-  const Table table = cuda_common::device_table(t);
-  return h.amsgrad ? cuda_common::launch_on_table(adam_kernel<S, true>, table, kThreads, 0,
-                                                  stream, h, scale, found_inf)
-                   : cuda_common::launch_on_table(adam_kernel<S, false>, table, kThreads, 0,
-                                                  stream, h, scale, found_inf);
+auto kernel_for(const AdamHyper& h) {
+  return h.amsgrad ? adam_kernel<S, true> : adam_kernel<S, false>;
+}
+template <typename S>
+auto kernel_for(const SgdHyper& h) {
+  return h.momentum != 0 ? sgd_kernel<S, true> : sgd_kernel<S, false>;
 }
 
-// Unchecked on purpose: launch_fused_sgd below has checked the table.
-template <typename S>
-cudaError_t launch_sgd_typed(const TensorTable& t, const SgdHyper& h, const float* scale,
-                             const float* found_inf, cudaStream_t stream) {
+// One launch over a table of float32 or float64 lists. The table was built by the caller
+// (fused_backend.cpp) from checked lists; an empty one launches nothing.
+template <typename Hyper>
+cudaError_t launch_fused(const TensorTable& t, ElementType type, const Hyper& h, const float* scale,
+                         const float* found_inf, cudaStream_t stream) {
+  if (t.total_elements == 0) return cudaSuccess;
   const Table table = cuda_common::device_table(t);
-  return h.momentum != 0 ? cuda_common::launch_on_table(sgd_kernel<S, true>, table, kThreads, 0,
-                                                        stream, h, scale, found_inf)
-                         : cuda_common::launch_on_table(sgd_kernel<S, false>, table, kThreads,
-                                                        0, stream, h, scale, found_inf);
+  return type == ElementType::kFloat64
+             ? cuda_common::launch_on_table(kernel_for<double>(h), table, kThreads, 0, stream, h,
+                                            scale, found_inf)
+             : cuda_common::launch_on_table(kernel_for<float>(h), table, kThreads, 0, stream, h,
+                                            scale, found_inf);
 }
 
 }  // namespace
 
 cudaError_t launch_fused_adam(const TensorTable& table, ElementType type, const AdamHyper& hyper,
                               const float* scale, const float* found_inf, cudaStream_t stream) {
-  if (table.total_elements == 0) return cudaSuccess;
-  return type == ElementType::kFloat64
-             ? launch_adam_typed<double>(table, hyper, scale, found_inf, stream)
-             : launch_adam_typed<float>(table, hyper, scale, found_inf, stream);
+  return launch_fused(table, type, hyper, scale, found_inf, stream);
 }
 
 cudaError_t launch_fused_sgd(const TensorTable& table, ElementType type, const SgdHyper& hyper,
                              const float* scale, const float* found_inf, cudaStream_t stream) {
-  if (table.total_elements == 0) return cudaSuccess;
-  return type == ElementType::kFloat64
-             ? launch_sgd_typed<double>(table, hyper, scale, found_inf, stream)
-             : launch_sgd_typed<float>(table, hyper, scale, found_inf, stream);
+  return launch_fused(table, type, hyper, scale, found_inf, stream);
 }
 
 cudaError_t launch_increment_steps(const TensorTable& table, int list, const float* found_inf,

@@ -91,25 +91,22 @@ struct SgdOp {
   }
 };
 
-template <typename S, bool kAmsgrad>
+// One fused optimizer step over a table: `Op` (AdamOp, SgdOp) updates each element, after
+// the whole launch returned at once if the overflow flag is set.
+template <typename S, typename Op, typename Hyper>
 __global__ void __launch_bounds__(cuda_common::kThreads)
-    adam_kernel(Table table, AdamHyper h, const float* scale, const float* found_inf) {
+    fused_step_kernel(Table table, Hyper h, const float* scale, const float* found_inf) {
   if (cuda_common::skipped(found_inf)) return;
-  AdamOp<S, kAmsgrad> op;
+  Op op;
   op.h = h;
   op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
-  cuda_common::walk_block_range<S, AdamOp<S, kAmsgrad>::D>(table, op);
+  cuda_common::walk_block_range<S, Op::D>(table, op);
 }
 
+template <typename S, bool kAmsgrad>
+constexpr auto adam_kernel = fused_step_kernel<S, AdamOp<S, kAmsgrad>, AdamHyper>;
 template <typename S, bool kMomentum>
-__global__ void __launch_bounds__(cuda_common::kThreads)
-    sgd_kernel(Table table, SgdHyper h, const float* scale, const float* found_inf) {
-  if (cuda_common::skipped(found_inf)) return;
-  SgdOp<S, kMomentum> op;
-  op.h = h;
-  op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
-  cuda_common::walk_block_range<S, SgdOp<S, kMomentum>::D>(table, op);
-}
+constexpr auto sgd_kernel = fused_step_kernel<S, SgdOp<S, kMomentum>, SgdHyper>;
 
 }  // namespace cuda
 }  // namespace optim
