@@ -1,0 +1,32 @@
+"""lucid_amp: dynamic loss scaling for PyTorch on lucid-amp's C++ core.
+
+``lucid_amp.GradScaler`` is a drop-in for ``torch.amp.GradScaler`` (change the import and
+nothing else), with lucid-amp's guards and diagnostics; ``lucid_amp.autocast`` is the
+reference API's autocast over torch.autocast.
+"""
+
+from . import _C
+from .autocast import autocast, is_autocast_enabled
+from .grad_scaler import (
+    BackoffEvent,
+    GradScaler,
+    NonFiniteGradient,
+    OverflowReport,
+    ScalerCounters,
+)
+
+__version__ = "0.1.0"
+
+#: Whether the extension was compiled with lucid-amp's CUDA kernels.
+with_cuda = bool(_C.with_cuda)
+
+__all__ = [
+    "GradScaler",
+    "autocast",
+    "is_autocast_enabled",
+    "ScalerCounters",
+    "OverflowReport",
+    "NonFiniteGradient",
+    "BackoffEvent",
+    "with_cuda",
+]
