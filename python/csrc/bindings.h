@@ -13,6 +13,8 @@ namespace py = pybind11;
 
 /// lucid_amp._C._GradScaler (python/csrc/grad_scaler.cpp).
 void bind_grad_scaler(py::module& m);
+/// lucid_amp._C._fused_adam_ and _fused_sgd_ (python/csrc/optim.cpp).
+void bind_optim(py::module& m);
 
 }  // namespace python
 }  // namespace lucid

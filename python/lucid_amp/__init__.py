@@ -2,10 +2,11 @@
 
 ``lucid_amp.GradScaler`` is a drop-in for ``torch.amp.GradScaler`` (change the import and
 nothing else), with lucid-amp's guards and diagnostics; ``lucid_amp.autocast`` is the
-reference API's autocast over torch.autocast.
+reference API's autocast over torch.autocast; ``lucid_amp.optim`` has FusedAdam,
+FusedAdamW and FusedSGD, torch.optim optimizers on lucid-amp's fused, scaler-aware kernels.
 """
 
-from . import _C
+from . import _C, optim
 from .autocast import autocast, is_autocast_enabled
 from .grad_scaler import (
     BackoffEvent,
@@ -15,7 +16,7 @@ from .grad_scaler import (
     ScalerCounters,
 )
 
-__version__ = "0.1.0"
+__version__ = _C.version
 
 #: Whether the extension was compiled with lucid-amp's CUDA kernels.
 with_cuda = bool(_C.with_cuda)
@@ -28,5 +29,6 @@ __all__ = [
     "OverflowReport",
     "NonFiniteGradient",
     "BackoffEvent",
+    "optim",
     "with_cuda",
 ]

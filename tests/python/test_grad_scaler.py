@@ -11,13 +11,13 @@ import torch
 import lucid_amp
 
 
-def make_model(seed=0, features=4):
-    torch.manual_seed(seed)
+def make_model(init=0, features=4):
+    torch.manual_seed(init)
     return torch.nn.Sequential(torch.nn.Linear(features, 3), torch.nn.Linear(3, 1))
 
 
-def backward(scaler, model, seed=1):
-    g = torch.Generator().manual_seed(seed)
+def backward(scaler, model, batch=1):
+    g = torch.Generator().manual_seed(batch)
     x = torch.randn(5, model[0].in_features, generator=g)
     loss = model(x).pow(2).mean()
     scaler.scale(loss).backward()
@@ -557,7 +557,7 @@ def test_pytorchs_fused_adam_through_its_own_protocol_matches_for_loop_adam():
     for it in range(6):
         for m, o, s in ((ref_model, ref_opt, s_ref), (fused_model, fused_opt, s_fused)):
             o.zero_grad()
-            backward(s, m, seed=it)
+            backward(s, m, batch=it)
             if it == 3:
                 next(m.parameters()).grad.view(-1)[0] = math.inf
             s.step(o)

@@ -137,9 +137,9 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
 
 
-def run_sequence(make_scaler, opt_names, rng_seed, iterations=40, **scaler_kwargs):
+def run_sequence(make_scaler, opt_names, sequence, iterations=40, **scaler_kwargs):
     """Runs one random sequence; returns per-iteration (scale, skips) and final params."""
-    rng = random.Random(rng_seed)
+    rng = random.Random(sequence)
     model = make_model()
     # one optimizer per layer group when two are asked for
     if len(opt_names) == 1:
@@ -148,7 +148,7 @@ def run_sequence(make_scaler, opt_names, rng_seed, iterations=40, **scaler_kwarg
         opts = [_optimizer(opt_names[0], model[0].parameters()),
                 _optimizer(opt_names[1], model[2].parameters())]
     scaler = make_scaler(**scaler_kwargs)
-    data = torch.Generator().manual_seed(rng_seed)
+    data = torch.Generator().manual_seed(sequence)
     trace = []
     for it in range(iterations):
         for o in opts:
