@@ -12,6 +12,7 @@ PyTorch's own GradScaler makes (the attributes ``optimizer.grad_scale`` and
 """
 
 import dataclasses
+import inspect
 import math
 import warnings
 from collections import abc
@@ -112,6 +113,21 @@ def _report(d: Optional[dict]) -> Optional[OverflowReport]:
 
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
     return [list(group["params"]) for group in optimizer.param_groups]
+
+
+def _takes_scale_and_flag(optimizer) -> bool:
+    """Whether ``optimizer`` follows PyTorch 2.x's protocol for scaler-aware optimizers
+    (reads ``self.grad_scale`` and ``self.found_inf`` in its step). An optimizer whose
+    step takes a ``grad_scaler`` argument instead follows the older one (PyTorch 1.13's
+    fused Adam), which calls private methods of torch's own scaler: this scaler then
+    unscales and skips for it like for any other optimizer, and its step runs on
+    gradients that are unscaled already."""
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return False
+    try:
+        return "grad_scaler" not in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):
+        return True
 
 
 class GradScaler:
@@ -235,8 +251,7 @@ class GradScaler:
         def run_step():
             result.append(optimizer.step(*args, **kwargs))
 
-        scaler_aware = getattr(optimizer, "_step_supports_amp_scaling", False)
-        if not scaler_aware:
+        if not _takes_scale_and_flag(optimizer):
             ran = self._core.step(key, _param_groups(optimizer), run_step, None)
             self._active[key] = None
             return result[0] if ran and result else None

@@ -537,6 +537,35 @@ def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overf
     assert scaler.get_scale() == 512.0
 
 
+class OldProtocolSGD(torch.optim.SGD):
+    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, *, grad_scaler=None):
+        assert grad_scaler is None
+        assert not hasattr(self, "grad_scale")
+        return super().step(closure)
+
+
+def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
+    model, control = make_model(), make_model()
+    opt = OldProtocolSGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaled = grads(model)
+    scaler.step(opt)
+    assert same(grads(model), [g / 1024 for g in scaled])
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.inf
+    p = params(model)
+    scaler.step(opt)
+    assert scaler.step_skipped(opt) and same(params(model), p)
+
+
 def _has_cpu_fused_adam():
     try:
         p = torch.nn.Parameter(torch.zeros(1))
