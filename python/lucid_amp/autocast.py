@@ -84,9 +84,12 @@ class autocast:  # noqa: N801 (the reference API's name)
 
 
 def is_autocast_enabled(device_type: str = "cuda") -> bool:
-    """Whether autocast is on for ``device_type`` in the calling thread."""
-    if device_type == "cpu":
-        return torch.is_autocast_cpu_enabled()
-    if device_type == "cuda":
+    """Whether autocast is on for ``device_type`` ("cuda" or "cpu") in the calling thread."""
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"is_autocast_enabled: device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    try:
+        return torch.is_autocast_enabled(device_type)  # PyTorch 2.4 and later
+    except TypeError:  # earlier ones: one function per device type
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
         return torch.is_autocast_enabled()
-    raise ValueError(f"is_autocast_enabled: device_type must be 'cuda' or 'cpu', got {device_type!r}")
