@@ -20,16 +20,16 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "../tests/support/rank_launcher.h"
+#include "../tests/support/scratch_dir.h"
 
 namespace {
 
@@ -151,15 +151,6 @@ void run(Bench& b) {
         }, b.sync));
 }
 
-// Removes a run's scratch directory: the store's file, then the directory. No
-// remove_all, which crashed inside PyTorch 2.11's libtorch.so (NOTE: [std::filesystem and
-// PyTorch's libtorch.so] in tests/support/remove_tree.h).
-void remove_store_dir(const std::string& dir) {
-  std::error_code ignored;
-  std::filesystem::remove(dir + "/store", ignored);
-  std::filesystem::remove(dir, ignored);
-}
-
 int gloo_rank(int rank, int world, int iters, const std::string& store_path) {
   const auto timeout = std::chrono::seconds(60);
   auto store = lucid::distributed::make_file_store(store_path, world, timeout);
@@ -176,34 +167,18 @@ int gloo_rank(int rank, int world, int iters, const std::string& store_path) {
   return 0;
 }
 
-int gloo(int world, int iters, char* self) {
-  std::string dir = (std::filesystem::temp_directory_path() / "lucid_bench_XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) {
-    return 1;
-  }
-  std::vector<pid_t> pids;
+// Each rank is this program again (fork + exec), in gloo-rank mode.
+int gloo(int world, int iters) {
+  const lucid_test::ScratchDir dir("lucid_bench");
+  std::vector<std::vector<std::string>> args;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args = {self, "gloo-rank", std::to_string(rank), std::to_string(world),
-                                     std::to_string(iters), dir + "/store"};
-    std::vector<char*> argv;
-    for (auto& a : args) {
-      argv.push_back(a.data());
-    }
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execv("/proc/self/exe", argv.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
+    args.push_back({"gloo-rank", std::to_string(rank), std::to_string(world), std::to_string(iters),
+                    dir.file("store")});
   }
   int result = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    result |= !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (const auto& exit : lucid_test::Ranks("/proc/self/exe", args).wait()) {
+    result |= !exit.succeeded();
   }
-  remove_store_dir(dir);
   return result;
 }
 
@@ -212,21 +187,15 @@ int nccl(int iters) {
     std::printf("nccl: this build has no NCCL path or there is no GPU\n");
     return 2;
   }
-  std::string dir = (std::filesystem::temp_directory_path() / "lucid_bench_XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) {
-    return 1;
-  }
+  // Declared first, so that the group and its store go before their file: removing the
+  // file while the group was alive crashed at exit on the H200.
+  const lucid_test::ScratchDir dir("lucid_bench");
   const auto timeout = std::chrono::seconds(60);
-  {
-    // The group goes before its store's file (the first version removed the file while
-    // the group was alive, and crashed at exit on the H200).
-    auto store = lucid::distributed::make_file_store(dir + "/store", 1, timeout);
-    Bench b{lucid::distributed::make_nccl_group(store, 0, 1, lucid::distributed::GroupOptions().timeout(timeout)),
-            torch::Device(torch::kCUDA, 0), iters, 0, [] { torch::cuda::synchronize(); }};
-    std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
-    run(b);
-  }
-  remove_store_dir(dir);
+  auto store = lucid::distributed::make_file_store(dir.file("store"), 1, timeout);
+  Bench b{lucid::distributed::make_nccl_group(store, 0, 1, lucid::distributed::GroupOptions().timeout(timeout)),
+          torch::Device(torch::kCUDA, 0), iters, 0, [] { torch::cuda::synchronize(); }};
+  std::printf("NCCL, 1 process, CUDA flag, %d iterations\n", iters);
+  run(b);
   return 0;
 }
 
@@ -239,13 +208,16 @@ int main(int argc, char** argv) {
       return gloo_rank(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
     }
     if (mode == "gloo") {
-      return gloo(argc > 2 ? std::stoi(argv[2]) : 2, argc > 3 ? std::stoi(argv[3]) : 2000, argv[0]);
+      return gloo(argc > 2 ? std::stoi(argv[2]) : 2, argc > 3 ? std::stoi(argv[3]) : 2000);
     }
     if (mode == "nccl") {
       return nccl(argc > 2 ? std::stoi(argv[2]) : 5000);
     }
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "bench_agreement: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {  // no scratch directory, no fork
+    std::fprintf(stderr, "bench_agreement: %s\n", e.what());
     return 1;
   }
   std::fprintf(stderr, "usage: bench_agreement gloo [world_size] [iters] | nccl [iters]\n");

@@ -19,17 +19,19 @@
 #include <lucid/distributed.h>
 #include <torch/torch.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+#include <exception>
 #include <limits>
 #include <map>
 #include <string>
 #include <vector>
+
+// The repository's rank launcher (a fork + exec of /proc/self/exe per rank, then waitpid
+// for each) and scratch directory, shared with the tests and bench_agreement.
+#include "../tests/support/rank_launcher.h"
+#include "../tests/support/scratch_dir.h"
 
 namespace {
 
@@ -46,43 +48,22 @@ int integer(const std::map<std::string, std::string>& flags, const std::string& 
   return it == flags.end() ? fallback : std::stoi(it->second);
 }
 
-// Starts `world` ranks of this program on a FileStore and waits for them.
+// Starts `world` ranks of this program (fork + exec) on a FileStore in a scratch directory
+// and waits for them.
 int launch(int world, char** argv, int argc) {
-  std::string dir = (std::filesystem::temp_directory_path() / "lucid_dp_XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  std::vector<pid_t> pids;
+  const lucid_test::ScratchDir dir("lucid_dp");
+  std::vector<std::vector<std::string>> args;
   for (int rank = 0; rank < world; ++rank) {
-    std::vector<std::string> args(argv, argv + argc);
-    args.insert(args.end(), {"--rank", std::to_string(rank), "--store-file", dir + "/store"});
-    std::vector<char*> cargs;
-    for (auto& a : args) {
-      cargs.push_back(a.data());
-    }
-    cargs.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      execv("/proc/self/exe", cargs.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
+    std::vector<std::string> a(argv + 1, argv + argc);
+    a.insert(a.end(), {"--rank", std::to_string(rank), "--store-file", dir.file("store")});
+    args.push_back(a);
   }
   int result = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  for (const auto& exit : lucid_test::Ranks("/proc/self/exe", args).wait()) {
+    if (!exit.succeeded()) {
       result = 1;
     }
   }
-  // The store's file, then the directory: no remove_all, which crashed inside PyTorch
-  // 2.11's libtorch.so (NOTE: [std::filesystem and PyTorch's libtorch.so] in
-  // tests/support/remove_tree.h).
-  std::error_code ignored;
-  std::filesystem::remove(dir + "/store", ignored);
-  std::filesystem::remove(dir, ignored);
   return result;
 }
 
@@ -197,6 +178,9 @@ int main(int argc, char** argv) {
     return run_rank(flags);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "data_parallel: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {  // no scratch directory, no fork
+    std::fprintf(stderr, "data_parallel: %s\n", e.what());
     return 1;
   }
 }

@@ -8,13 +8,15 @@
 //      written with torch::serialize and loaded -> exercises every validation behind the
 //      checksum, which random bytes almost never get past
 //   2  state map: 9-byte records (key selector, double bits) -> load_state_dict
-//   3  raw deflate -> detail::inflate_raw, checked against zlib's inflate
+//   3  raw deflate -> detail::inflate_raw (zlib behind the archive check's piecewise
+//      loop and size and error checks), checked against zlib's inflate called directly
 // Properties (a violation aborts, which libFuzzer reports as a crash):
 //   - only c10::Error escapes a load (c10::ValueError from load_state_dict);
 //   - a refused load leaves every observable of the scaler as it was;
 //   - an accepted load leaves a valid scaler: its state_dict loads into a fresh scaler
 //     and reads back the same;
-//   - inflate_raw accepts every stream zlib inflates, with the same bytes.
+//   - inflate_raw accepts every stream that zlib, called directly, inflates, with the
+//     same bytes.
 //
 // Build and run: scripts/fuzz.sh (clang++ -fsanitize=fuzzer,address,undefined).
 // LUCID_FUZZ_WRITE_SEEDS=dir writes the seed inputs into dir and exits.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (device tool): build against the machine's PyTorch LibTorch (CUDA),
 # run the whole suite, the seed example and the CUDA unscale benchmark. Logs go to
-# $OUT. GoogleTest is not installed there: carry its source in .vendor/googletest
-# (cp -r /usr/src/googletest .vendor/ on a Debian machine with libgtest-dev).
+# $OUT. GoogleTest, zlib's headers and CLI11 are not installed there: run
+# scripts/vendor_gpu_deps.sh on a Debian machine first and carry .vendor.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

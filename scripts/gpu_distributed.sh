@@ -3,7 +3,7 @@
 # PyTorch LibTorch (CUDA, NCCL), run its tests (ctest label "distributed": Gloo on
 # loopback with 2 and 4 processes where the wheel ships the gloo headers, NCCL with one
 # process) and the agreement benchmark (NCCL, one process; Gloo, two). Logs go to $OUT.
-# GoogleTest: carry its source in .vendor/googletest, as for gpu_check.sh.
+# Carry .vendor (scripts/vendor_gpu_deps.sh), as for gpu_check.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

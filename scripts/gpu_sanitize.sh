@@ -2,8 +2,8 @@
 # On the GPU machine (device tool): builds the CUDA test binary against the machine's
 # PyTorch LibTorch and runs its kernel tests under compute-sanitizer: memcheck (out of
 # bounds, misaligned access), racecheck (shared memory hazards: the staged offsets of
-# the unscale/check kernels) and synccheck (barriers). Logs go to $OUT. Carry
-# .vendor/googletest, as for gpu_check.sh.
+# the unscale/check kernels) and synccheck (barriers). Logs go to $OUT. Carry .vendor
+# (scripts/vendor_gpu_deps.sh), as for gpu_check.sh.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

@@ -1,10 +1,7 @@
 // GradScaler on CUDA: run on the GPU machine (LibTorch 2.11 + CUDA); every test skips
 // where no GPU is visible.
 
-#include <gtest/gtest.h>
-
-#include <lucid/amp.h>
-#include <torch/torch.h>
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
 
@@ -21,8 +18,7 @@
 
 namespace {
 
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
+using namespace lucid_test;
 
 class Cuda : public testing::Test {
  protected:
@@ -32,15 +28,6 @@ class Cuda : public testing::Test {
     }
   }
   const torch::Device gpu{torch::kCUDA, 0};
-};
-
-// A SGD optimizer over one parameter whose gradient is set by hand.
-struct OneParam {
-  torch::Tensor param;
-  torch::optim::SGD optimizer;
-  explicit OneParam(torch::Tensor p)
-      : param(p.requires_grad_()), optimizer({param}, torch::optim::SGDOptions(0.1)) {}
-  void set_grad(const torch::Tensor& g) { param.mutable_grad() = g.clone(); }
 };
 
 TEST_F(Cuda, Float32GradientsAreUnscaledOnTheGpuAndTheScaleStaysThere) {

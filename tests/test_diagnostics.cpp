@@ -1,7 +1,7 @@
 // Diagnostics: the overflow report (which parameter, how many entries), counters, whether
 // an optimizer's last step was skipped, and the backoff callback.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include <torch/optim/schedulers/step_lr.h>
 
@@ -10,15 +10,7 @@
 
 namespace {
 
-using fault_test::OneParam;
-using lucid::amp::BackoffEvent;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::NonFiniteGradient;
-using lucid::amp::ScalerCounters;
-
-constexpr float kFInf = std::numeric_limits<float>::infinity();
-constexpr float kFNaN = std::numeric_limits<float>::quiet_NaN();
+using namespace lucid_test;
 
 // A two-layer model with named parameters 0.weight [3,4], 0.bias [3], 1.weight [1,3], 1.bias [1].
 struct Model {
@@ -99,7 +91,7 @@ TEST(OverflowReport, CountsValuesThatOverflowOnlyWhenUnscaled) {
   // A small scale divides a large finite gradient into inf: that is what the flag saw.
   GradScaler scaler(GradScalerOptions().init_scale(0.25));
   OneParam p(3);
-  p.grad(torch::tensor({FLT_MAX, 1.0f, -FLT_MAX}));
+  p.set_grad(torch::tensor({FLT_MAX, 1.0f, -FLT_MAX}));
   EXPECT_FALSE(scaler.step(p.optimizer).has_value());
   const auto& e = scaler.last_overflow()->gradients.at(0);
   EXPECT_EQ(e.inf_count, 2);
@@ -139,7 +131,7 @@ TEST(OverflowReport, CleanIterationsBuildNoReport) {
   GradScaler scaler;
   OneParam p;
   for (int i = 0; i < 3; ++i) {
-    fault_test::iterate(scaler, p, false);
+    iterate(scaler, p, false);
   }
   EXPECT_FALSE(scaler.last_overflow().has_value());
 }
@@ -155,9 +147,9 @@ TEST(OverflowReport, OneReportPerIterationKeptUntilTheNextOverflow) {
   EXPECT_EQ(scaler.last_overflow()->gradients.size(), 2u);
   EXPECT_EQ(scaler.last_overflow()->gradients[1].optimizer, &b.optimizer);
   scaler.update();
-  fault_test::iterate(scaler, a, false);
+  iterate(scaler, a, false);
   EXPECT_EQ(scaler.last_overflow()->iteration, 0) << "kept across clean iterations";
-  fault_test::iterate(scaler, a, true);
+  iterate(scaler, a, true);
   EXPECT_EQ(scaler.last_overflow()->iteration, 2);
   EXPECT_EQ(scaler.last_overflow()->optimizers, 1);
 }
@@ -208,7 +200,7 @@ TEST(ParameterNames, AreHeldWeakly) {
   m.param("0.bias").mutable_grad() = torch::full({3}, kFNaN);
   scaler.step(opt);
   EXPECT_EQ(scaler.last_overflow()->gradients.at(0).name, "encoder.bias");
-  EXPECT_TRUE(fault_test::ThrowsValueError("undefined", [&] {
+  EXPECT_TRUE(ThrowsValueError("undefined", [&] {
     scaler.set_parameter_name(torch::Tensor(), "x");
   }));
 }
@@ -221,16 +213,11 @@ TEST(Counters, CountStepsUpdatesBackoffsAndGrowths) {
   OneParam p;
   const std::vector<bool> overflows = {false, false, true, true, false, false, false};
   for (bool o : overflows) {
-    fault_test::iterate(scaler, p, o);
+    iterate(scaler, p, o);
   }
-  const ScalerCounters c = scaler.counters();
-  EXPECT_EQ(c.steps_taken, 5);
-  EXPECT_EQ(c.steps_skipped, 2);
-  EXPECT_EQ(c.updates, 7);
-  EXPECT_EQ(c.overflow_updates, 2);
-  EXPECT_EQ(c.backoffs, 2);
-  EXPECT_EQ(c.growths, 2);
-  EXPECT_EQ(c.overflow_streak, 0);
+  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 5, /*skipped*/ 2, /*updates*/ 7,
+                                              /*overflow_updates*/ 2, /*backoffs*/ 2,
+                                              /*growths*/ 2, /*overflow_streak*/ 0}));
   scaler.update(4.0);  // counts as an update, changes no schedule counter
   EXPECT_EQ(scaler.counters().updates, 8);
   EXPECT_EQ(scaler.counters().growths, 2);
@@ -240,10 +227,10 @@ TEST(Counters, StreakRisesWhileEveryStepIsSkipped) {
   GradScaler scaler;
   OneParam p;
   for (int i = 1; i <= 5; ++i) {
-    fault_test::iterate(scaler, p, true);
+    iterate(scaler, p, true);
     EXPECT_EQ(scaler.counters().overflow_streak, i);
   }
-  fault_test::iterate(scaler, p, false);
+  iterate(scaler, p, false);
   EXPECT_EQ(scaler.counters().overflow_streak, 0);
 }
 
@@ -254,11 +241,7 @@ TEST(Counters, AnUnscaleOnlyOptimizerIsCountedWhenAsked) {
   OneParam p;
   const std::vector<bool> overflows = {true, false, false, false, true, false};
   for (bool o : overflows) {
-    if (o) {
-      p.inf_grad();
-    } else {
-      p.clean_grad();
-    }
+    p.grad_for(o);
     scaler.unscale_(p.optimizer);
     scaler.update();
   }
@@ -279,11 +262,7 @@ TEST(Counters, ManyUnreadUpdatesStayExact) {
   for (int i = 0; i < 2600; ++i) {  // more than the queue bound (1024)
     const bool o = i % 13 == 5;
     overflows += o;
-    if (o) {
-      p.inf_grad();
-    } else {
-      p.clean_grad();
-    }
+    p.grad_for(o);
     scaler.unscale_(p.optimizer);
     if (i % 2 == 0) {
       scaler.step(p.optimizer);  // mixes read and unread updates
@@ -349,7 +328,7 @@ TEST(StepSkipped, KeepsAnLrSchedulerInStepWithTheOptimizer) {
   const std::vector<bool> overflows = {false, true, true, false, false};
   int real_steps = 0;
   for (bool o : overflows) {
-    fault_test::iterate(scaler, p, o);
+    iterate(scaler, p, o);
     if (!scaler.step_skipped(p.optimizer)) {
       scheduler.step();
       ++real_steps;
@@ -435,7 +414,7 @@ TEST(BackoffCallback, AThrowingCallbackLeavesTheUpdateApplied) {
   OneParam p;
   p.inf_grad();
   scaler.step(p.optimizer);
-  EXPECT_TRUE(fault_test::ThrowsError("stop training", [&] { scaler.update(); }));
+  EXPECT_TRUE(ThrowsError("stop training", [&] { scaler.update(); }));
   EXPECT_EQ(scaler.get_scale(), 4.0);
   EXPECT_EQ(scaler.stage(p.optimizer), lucid::amp::OptimizerStage::kReady);
   EXPECT_EQ(scaler.counters().backoffs, 1);

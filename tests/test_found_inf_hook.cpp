@@ -1,20 +1,11 @@
 // GradScaler::set_found_inf_hook: the extension point a distributed binding uses to make
 // every rank take the same step decision.
 
-#include <gtest/gtest.h>
-
-#include <lucid/amp.h>
-#include <torch/torch.h>
+#include "support/scaler_fixtures.h"
 
 namespace {
 
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-
-struct OneParam {
-  torch::Tensor param = torch::ones({4}, torch::requires_grad());
-  torch::optim::SGD optimizer{{param}, torch::optim::SGDOptions(0.1)};
-};
+using namespace lucid_test;
 
 TEST(FoundInfHook, SeesEachOptimizersFlagOnceBeforeTheDecision) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));

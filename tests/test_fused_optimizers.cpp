@@ -1,10 +1,7 @@
 // lucid::optim fused optimizers against torch::optim, and with GradScaler (CPU here;
 // the same checks run on CUDA in test_cuda.cpp).
 
-#include <gtest/gtest.h>
-
-#include <lucid/amp.h>
-#include <torch/torch.h>
+#include "support/scaler_fixtures.h"
 
 #include <functional>
 #include <limits>
@@ -13,14 +10,8 @@
 
 namespace {
 
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::optim::FusedAdam;
-using lucid::optim::FusedAdamOptions;
-using lucid::optim::FusedAdamW;
-using lucid::optim::FusedAdamWOptions;
-using lucid::optim::FusedSGD;
-using lucid::optim::FusedSGDOptions;
+using namespace lucid::optim;  // FusedAdam, FusedAdamW, FusedSGD and their options
+using namespace lucid_test;
 
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;

@@ -8,10 +8,7 @@
 // and with lucid::amp::detail::ForceGenericBackendGuard routing every device to the
 // generic ATen-ops path (the path Apple MPS and other devices take).
 
-#include <lucid/amp.h>
-#include <torch/torch.h>
-
-#include <gtest/gtest.h>
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
 
@@ -23,76 +20,15 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 namespace {
 
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::OptimizerStage;
+using namespace lucid_test;
 
 constexpr double kDefaultScale = 65536.0;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// ---------------------------------------------------------------------------------------
-// Exact error types. c10::ValueError and c10::NotImplementedError derive from c10::Error,
-// so EXPECT_THROW(..., c10::Error) alone would accept any of the three; this helper
-// names the exact type thrown and checks part of the message.
-
-enum class ErrorKind { kError, kValueError, kNotImplementedError };
-
-const char* kind_name(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kError:
-      return "c10::Error";
-    case ErrorKind::kValueError:
-      return "c10::ValueError";
-    case ErrorKind::kNotImplementedError:
-      return "c10::NotImplementedError";
-  }
-  return "?";
-}
-
-// Succeeds when `f` throws exactly `kind` (not a subclass of it, not another subclass
-// of c10::Error) with `needle` in its message.
-template <typename F>
-::testing::AssertionResult ThrowsExactly(ErrorKind kind, const std::string& needle, F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    ErrorKind seen;
-    if (typeid(e) == typeid(c10::NotImplementedError)) {
-      seen = ErrorKind::kNotImplementedError;
-    } else if (typeid(e) == typeid(c10::ValueError)) {
-      seen = ErrorKind::kValueError;
-    } else if (typeid(e) == typeid(c10::Error)) {
-      seen = ErrorKind::kError;
-    } else {
-      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got another "
-                                           << "c10::Error subclass (" << typeid(e).name()
-                                           << "): " << msg;
-    }
-    if (seen != kind) {
-      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got "
-                                           << kind_name(seen) << ": " << msg;
-    }
-    if (msg.find(needle) == std::string::npos) {
-      return ::testing::AssertionFailure() << kind_name(kind) << " message lacks \"" << needle
-                                           << "\": " << msg;
-    }
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "expected " << kind_name(kind)
-                                         << ", got a non-c10 exception: " << e.what();
-  } catch (...) {
-    return ::testing::AssertionFailure() << "expected " << kind_name(kind)
-                                         << ", got an unknown exception";
-  }
-  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing thrown";
-}
 
 // ---------------------------------------------------------------------------------------
 // Fixtures.
@@ -387,7 +323,7 @@ TEST(GradScalerStages, UnscaleTwiceThrowsRuntimeError) {
   GradScaler scaler;
   p.set_grad(scaled({3.0f}, kDefaultScale));
   scaler.unscale_(p.opt);
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "already been called",
+  EXPECT_TRUE(ThrowsError("already been called",
                             [&] { scaler.unscale_(p.opt); }));
   EXPECT_EQ(p.grad().item<float>(), 3.0f) << "the refused unscale_ divided again";
   EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kUnscaled);
@@ -398,7 +334,7 @@ TEST(GradScalerStages, UnscaleAfterStepThrowsRuntimeError) {
   GradScaler scaler;
   p.set_grad(scaled({3.0f}, kDefaultScale));
   scaler.step(p.opt);
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "after step", [&] { scaler.unscale_(p.opt); }));
+  EXPECT_TRUE(ThrowsError("after step", [&] { scaler.unscale_(p.opt); }));
   EXPECT_EQ(p.grad().item<float>(), 3.0f);
   EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kStepped);
 }
@@ -409,7 +345,7 @@ TEST(GradScalerStages, StepTwiceBeforeUpdateThrowsRuntimeError) {
   GradScaler scaler;
   p.set_grad(scaled({1.0f}, kDefaultScale));
   ASSERT_TRUE(scaler.step(opt).has_value());
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "already been called", [&] { scaler.step(opt); }));
+  EXPECT_TRUE(ThrowsError("already been called", [&] { scaler.step(opt); }));
   EXPECT_EQ(opt.calls, 1);
   EXPECT_EQ(p.param.item<float>(), 9.0f);
 }
@@ -420,7 +356,7 @@ TEST(GradScalerStages, StepTwiceAfterASkippedStepThrowsRuntimeError) {
   p.set_grad(torch::tensor({kInf}));
   ASSERT_FALSE(scaler.step(p.opt).has_value());
   EXPECT_TRUE(
-      ThrowsExactly(ErrorKind::kError, "already been called", [&] { scaler.step(p.opt); }));
+      ThrowsError("already been called", [&] { scaler.step(p.opt); }));
 }
 
 TEST(GradScalerStages, UpdateReturnsEveryOptimizerToReady) {
@@ -512,7 +448,7 @@ TEST(GradScalerClosure, ClosureWhileEnabledThrowsAndNothingSteps) {
     ++closure_runs;
     return torch::zeros({});
   };
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kError, "closure", [&] { scaler.step(opt, closure); }));
+  EXPECT_TRUE(ThrowsError("closure", [&] { scaler.step(opt, closure); }));
   EXPECT_EQ(closure_runs, 0);
   EXPECT_EQ(opt.calls, 0);
   EXPECT_EQ(p.param.item<float>(), 1.0f);
@@ -586,7 +522,7 @@ TEST(GradScalerRefusedDtypes, Float16GradientThrowsValueErrorAndUnscalesNothing)
   GradScaler scaler;
   good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({2}, torch::kHalf);  // last: checked before any division
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.unscale_(opt); }));
+  EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.unscale_(opt); }));
   EXPECT_TRUE(torch::equal(good.grad(), scaled({4.0f, 6.0f}, kDefaultScale)))
       << "a float32 gradient was unscaled before the float16 one was refused";
   EXPECT_EQ(half.grad().scalar_type(), torch::kHalf);
@@ -605,7 +541,7 @@ TEST(GradScalerRefusedDtypes, Float16GradientMakesStepThrowValueError) {
   GradScaler scaler;
   good.mutable_grad() = scaled({1.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({1}, torch::kHalf);
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.step(opt); }));
+  EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.step(opt); }));
   EXPECT_EQ(opt.calls, 0);
   EXPECT_EQ(good.item<float>(), 1.0f);
   EXPECT_EQ(good.grad().item<float>(), 65536.0f);
@@ -620,7 +556,7 @@ TEST(GradScalerRefusedDtypes, ComplexGradientThrowsNotImplementedAndUnscalesNoth
   good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
   cplx.mutable_grad() = torch::ones({2}, torch::kComplexFloat);
   EXPECT_TRUE(
-      ThrowsExactly(ErrorKind::kNotImplementedError, "complex", [&] { scaler.unscale_(opt); }));
+      ThrowsNotImplementedError("complex", [&] { scaler.unscale_(opt); }));
   EXPECT_TRUE(torch::equal(good.grad(), scaled({4.0f, 6.0f}, kDefaultScale)));
   EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
   cplx.mutable_grad() = torch::Tensor();
@@ -636,7 +572,7 @@ TEST(GradScalerRefusedDtypes, ComplexGradientMakesStepThrowNotImplemented) {
   good.mutable_grad() = scaled({1.0f}, kDefaultScale);
   cplx.mutable_grad() = torch::ones({1}, torch::kComplexDouble);
   EXPECT_TRUE(
-      ThrowsExactly(ErrorKind::kNotImplementedError, "complex", [&] { scaler.step(opt); }));
+      ThrowsNotImplementedError("complex", [&] { scaler.step(opt); }));
   EXPECT_EQ(opt.calls, 0);
   EXPECT_EQ(good.grad().item<float>(), 65536.0f);
   EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
@@ -652,7 +588,7 @@ TEST(GradScalerRefusedDtypes, BadGradientInALaterParamGroupIsCheckedFirst) {
   GradScaler scaler;
   good.mutable_grad() = scaled({2.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({1}, torch::kHalf);
-  EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "float16", [&] { scaler.unscale_(opt); }));
+  EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.unscale_(opt); }));
   EXPECT_EQ(good.grad().item<float>(), 131072.0f);
 }
 
@@ -674,14 +610,18 @@ TEST(GradScalerParams, ParametersWithoutGradientArePassedOver) {
   EXPECT_EQ(without.item<float>(), 5.0f);
 }
 
-TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsAndCountsAsClean) {
+TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsButIsNoEvidence) {
   auto p = torch::tensor({1.0f}).requires_grad_();
   MarkingSGD opt({p}, 1.0);
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(1));
   EXPECT_TRUE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 1);
+  EXPECT_EQ(scaler.counters().steps_without_gradients, 1);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 32.0);
+  // Nothing was checked, so the update is not a clean step: the scale stays.
+  EXPECT_EQ(scaler.get_scale(), 16.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 1);
+  EXPECT_EQ(scaler.counters().growths, 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -712,12 +652,15 @@ TEST(GradScalerWithoutScale, StepWithoutScaleSkipsOnOverflowAndBacksOff) {
   EXPECT_EQ(scaler.get_scale(), 256.0);
 }
 
-TEST(GradScalerWithoutScale, UpdateWithNothingRecordedCountsAsOverflowFree) {
+TEST(GradScalerWithoutScale, UpdateWithNothingRecordedLeavesTheScaleAndCountsIt) {
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 8.0);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 16.0);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 2);
+  EXPECT_EQ(scaler.counters().updates, 2);
 }
 
 TEST(GradScalerGrowth, UpdateNewScaleSetsTheScaleBeforeScaleWasCalled) {
@@ -735,7 +678,7 @@ TEST(GradScalerGrowth, UpdateNewScaleRejectsNonPositiveOrNonFinite) {
     }
     for (const double bad : {0.0, -1.0, -0.0, static_cast<double>(kInf),
                              -static_cast<double>(kInf), static_cast<double>(kNaN)}) {
-      EXPECT_TRUE(ThrowsExactly(ErrorKind::kValueError, "new_scale", [&] { scaler.update(bad); }))
+      EXPECT_TRUE(ThrowsValueError("new_scale", [&] { scaler.update(bad); }))
           << "new_scale " << bad << (materialised ? " (scale tensor exists)" : "");
       EXPECT_EQ(scaler.get_scale(), 128.0) << "a refused new_scale " << bad << " changed the scale";
     }
@@ -1040,7 +983,7 @@ TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
 TEST_P(GradScalerBackend, GrowthUsesTheGrowthFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(10.0).growth_factor(1.5).growth_interval(1));
   materialise_scale(scaler, dev());
-  scaler.update();
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 15.0);
 }
 
@@ -1092,10 +1035,14 @@ TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
   EXPECT_EQ(out.item<float>(), 6.0f);
 }
 
-TEST_P(GradScalerBackend, UpdateWithNothingRecordedGrowsWithIntervalOne) {
+TEST_P(GradScalerBackend, UpdateWithNothingRecordedLeavesTheScale) {
+  // The scale exists on the device, but no optimizer was checked: no evidence, no growth.
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
   materialise_scale(scaler, dev());
   scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 1);
+  record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 8.0);
 }
 

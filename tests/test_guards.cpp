@@ -1,11 +1,11 @@
 // Guards (all off by default): min_scale, max_scale, hysteresis; their validation, their
 // schedule on every backend, and that the defaults change nothing.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
-#include "cpu/amp_kernels.h"
-#include "generic/amp_ops.h"
+#include "amp/cpu/amp_kernels.h"
+#include "amp/generic/amp_ops.h"
 
 #include <cfloat>
 #include <cmath>
@@ -14,16 +14,7 @@
 
 namespace {
 
-using fault_test::Observed;
-using fault_test::OneParam;
-using fault_test::ThrowsError;
-using fault_test::ThrowsValueError;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::OptimizerStage;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using namespace lucid_test;
 
 // ---------------------------------------------------------------------------------------
 // Options.
@@ -107,8 +98,8 @@ TEST(GuardDefaults, GuardsOffFollowTheSeedScheduleExactly) {
     std::mt19937 rng(7);
     for (int i = 0; i < 200; ++i) {
       const bool overflow = rng() % 4 == 0;
-      fault_test::iterate(plain, a, overflow);
-      fault_test::iterate(off, b, overflow);
+      iterate(plain, a, overflow);
+      iterate(off, b, overflow);
       ASSERT_EQ(plain.state_dict(), off.state_dict()) << "iteration " << i;
     }
     EXPECT_EQ(plain.state_dict().size(), 5u);
@@ -138,29 +129,29 @@ TEST_P(GuardBackends, MaxScaleCapsGrowth) {
   OneParam p;
   const std::vector<double> want = {512, 1000, 1000, 1000};
   for (double w : want) {
-    fault_test::iterate(scaler, p, false);
+    iterate(scaler, p, false);
     EXPECT_EQ(scaler.get_scale(), w);
   }
   EXPECT_EQ(scaler.counters().growths, 4);  // reaching the interval counts, capped or not
-  fault_test::iterate(scaler, p, true);
+  iterate(scaler, p, true);
   EXPECT_EQ(scaler.get_scale(), 500.0);
-  fault_test::iterate(scaler, p, false);
+  iterate(scaler, p, false);
   EXPECT_EQ(scaler.get_scale(), 1000.0);
 }
 
-TEST(GuardMaxScale, CapsGrowthBeforeTheTensorsExist) {
+TEST(GuardMaxScale, UpdatesBeforeTheTensorsExistNeitherGrowNorCap) {
   GradScaler scaler(GradScalerOptions().init_scale(256).growth_interval(1).max_scale(300));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 300.0);
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 300.0);
+  EXPECT_EQ(scaler.get_scale(), 256.0);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 2);
 }
 
 TEST(GuardMaxScale, AtFloat32MaxTheScaleStays) {
   GradScaler scaler(GradScalerOptions().init_scale(FLT_MAX / 1.5).growth_interval(1).max_scale(FLT_MAX));
   scaler.scale(torch::ones({}));
   scaler.update();
-  EXPECT_EQ(scaler.get_scale(), static_cast<double>(FLT_MAX / 1.5f));  // the seed's rule: kept
+  EXPECT_EQ(scaler.get_scale(), static_cast<double>(FLT_MAX / 1.5f));  // PyTorch's rule: kept
 }
 
 TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
@@ -177,16 +168,17 @@ TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
 // ---------------------------------------------------------------------------------------
 // Hysteresis.
 
-TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
-  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2).hysteresis(3));
+TEST_P(GuardBackends, ConsecutiveHysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
+  // HysteresisRefill::kOnCleanUpdate (DeepSpeed's consecutive_hysteresis=True).
+  GradScaler scaler(GradScalerOptions()
+                        .init_scale(1024)
+                        .growth_interval(2)
+                        .hysteresis(3)
+                        .hysteresis_refill(lucid::amp::HysteresisRefill::kOnCleanUpdate));
   scaler.scale(torch::ones({}));
   OneParam p;
   const auto run = [&](bool overflow) {
-    if (overflow) {
-      p.inf_grad();
-    } else {
-      p.clean_grad();
-    }
+    p.grad_for(overflow);
     const bool stepped = scaler.step(p.optimizer).has_value();
     EXPECT_EQ(stepped, !overflow) << "an overflowing step is skipped whatever the hysteresis";
     scaler.update();
@@ -203,19 +195,62 @@ TEST_P(GuardBackends, HysteresisBacksOffOnlyAfterNConsecutiveOverflows) {
   EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
   EXPECT_EQ(run(false), 256.0);
   EXPECT_EQ(run(false), 512.0);  // two clean updates: growth
-  const auto c = scaler.counters();
-  EXPECT_EQ(c.overflow_updates, 5);
-  EXPECT_EQ(c.backoffs, 2);
-  EXPECT_EQ(c.growths, 1);
-  EXPECT_EQ(c.steps_skipped, 5);
-  EXPECT_EQ(c.steps_taken, 3);
+  // Every counter: eight step + update iterations, the last one clean.
+  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 3, /*skipped*/ 5, /*updates*/ 8,
+                                              /*overflow_updates*/ 5, /*backoffs*/ 2,
+                                              /*growths*/ 1, /*overflow_streak*/ 0}));
+}
+
+TEST_P(GuardBackends, HysteresisIsRefilledOnlyByGrowthByDefault) {
+  // HysteresisRefill::kOnGrowth (Megatron-LM, DeepSpeed's default): overflows separated by
+  // clean updates use the count up too.
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(3).hysteresis(2));
+  EXPECT_EQ(scaler.options().hysteresis_refill(), lucid::amp::HysteresisRefill::kOnGrowth);
+  scaler.scale(torch::ones({}));
+  OneParam p;
+  const auto run = [&](bool overflow) {
+    p.grad_for(overflow);
+    scaler.step(p.optimizer);
+    scaler.update();
+    return scaler.get_scale();
+  };
+  EXPECT_EQ(run(true), 1024.0);   // absorbed (1 of 2)
+  EXPECT_EQ(run(false), 1024.0);  // clean, but no growth: the count stays used
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 1.0);
+  EXPECT_EQ(run(true), 512.0);    // the count is used up: back off
+  EXPECT_EQ(run(false), 512.0);
+  EXPECT_EQ(run(false), 512.0);
+  EXPECT_EQ(run(false), 1024.0);  // three clean updates: growth refills the count
+  EXPECT_EQ(scaler.state_dict().at("overflow_tracker"), 0.0);
+  EXPECT_EQ(run(true), 1024.0);   // absorbed again
+}
+
+TEST_P(GuardBackends, AlternatingOverflowsBackOffFourTimesInFiveOnlyUnderRefillOnGrowth) {
+  // hysteresis 2, five overflows each followed by a clean update (growth interval far).
+  for (const auto refill :
+       {lucid::amp::HysteresisRefill::kOnGrowth, lucid::amp::HysteresisRefill::kOnCleanUpdate}) {
+    GradScaler scaler(
+        GradScalerOptions().init_scale(1 << 20).growth_interval(100).hysteresis(2).hysteresis_refill(refill));
+    scaler.scale(torch::ones({}));
+    OneParam p;
+    for (int i = 0; i < 5; ++i) {
+      for (const bool overflow : {true, false}) {
+        p.grad_for(overflow);
+        scaler.step(p.optimizer);
+        scaler.update();
+      }
+    }
+    const bool on_growth = refill == lucid::amp::HysteresisRefill::kOnGrowth;
+    EXPECT_EQ(scaler.counters().backoffs, on_growth ? 4 : 0);
+    EXPECT_EQ(scaler.get_scale(), on_growth ? (1 << 16) : (1 << 20));
+  }
 }
 
 TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
   GradScaler a(GradScalerOptions().init_scale(64).hysteresis(4));
   OneParam p;
-  fault_test::iterate(a, p, true);
-  fault_test::iterate(a, p, true);
+  iterate(a, p, true);
+  iterate(a, p, true);
   const auto state = a.state_dict();
   EXPECT_EQ(state.at("hysteresis"), 4.0);
   EXPECT_EQ(state.at("overflow_tracker"), 2.0);
@@ -225,11 +260,11 @@ TEST(GuardHysteresis, StateDictCarriesTheOverflowTrackerAndRoundTrips) {
   EXPECT_EQ(b.options().hysteresis(), 4);
   EXPECT_EQ(b.state_dict(), state);
   OneParam q;
-  fault_test::iterate(a, p, true);  // 3rd: absorbed
-  fault_test::iterate(b, q, true);
+  iterate(a, p, true);  // 3rd: absorbed
+  iterate(b, q, true);
   EXPECT_EQ(b.state_dict(), a.state_dict());
-  fault_test::iterate(a, p, true);  // 4th: back off
-  fault_test::iterate(b, q, true);
+  iterate(a, p, true);  // 4th: back off
+  iterate(b, q, true);
   EXPECT_EQ(a.get_scale(), 32.0);
   EXPECT_EQ(b.state_dict(), a.state_dict());
 }
@@ -268,7 +303,7 @@ TEST(GuardHysteresis, InvalidGuardValuesInAMapAreRefusedAndChangeNothing) {
         scaler.scale(torch::ones({}));
       }
       OneParam p;
-      fault_test::iterate(scaler, p, true);  // overflow_tracker 1
+      iterate(scaler, p, true);  // overflow_tracker 1
       const Observed before = Observed::of(scaler);
       auto map = scaler.state_dict();
       map["scale"] = 512.0;
@@ -339,7 +374,7 @@ TEST(GuardMinScale, CleanUpdatesAndGrowthNeverThrow) {
   GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).growth_interval(1));
   OneParam p;
   for (int i = 0; i < 5; ++i) {
-    fault_test::iterate(scaler, p, false);
+    iterate(scaler, p, false);
   }
   EXPECT_EQ(scaler.get_scale(), 64.0);
 }
@@ -347,7 +382,7 @@ TEST(GuardMinScale, CleanUpdatesAndGrowthNeverThrow) {
 TEST(GuardMinScale, HysteresisAbsorbsBeforeTheCheck) {
   GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2).hysteresis(2));
   OneParam p;
-  fault_test::iterate(scaler, p, true);  // absorbed: no backoff, no error
+  iterate(scaler, p, true);  // absorbed: no backoff, no error
   EXPECT_EQ(scaler.get_scale(), 2.0);
   p.inf_grad();
   scaler.step(p.optimizer);
@@ -362,11 +397,11 @@ TEST(GuardMinScale, ExplicitScalesBelowItAreRefused) {
 }
 
 TEST(GuardMinScale, WithoutTheGuardTheScaleKeepsFalling) {
-  // The seed's behaviour, unchanged: no guard, no error (the scale halves every time).
+  // PyTorch's GradScaler behaviour: no guard, no error (the scale halves every time).
   GradScaler scaler(GradScalerOptions().init_scale(4));
   OneParam p;
   for (int i = 0; i < 10; ++i) {
-    fault_test::iterate(scaler, p, true);
+    iterate(scaler, p, true);
   }
   EXPECT_EQ(scaler.get_scale(), 4.0 / 1024.0);
   EXPECT_EQ(scaler.counters().overflow_streak, 10);
@@ -381,10 +416,11 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     const int64_t interval = 1 + rng() % 4;
     const int64_t hysteresis = 1 + rng() % 4;
     const double max_scale = (rng() % 2) ? kInf : std::ldexp(1.0, 8 + rng() % 8);
-    lucid::amp::cpu::ScaleGuards guards;
+    lucid::amp::detail::ScaleGuards guards;
     guards.hysteresis = hysteresis;
+    guards.refill_on_clean = trial % 2 == 1;
     guards.max_scale = static_cast<float>(max_scale);
-    lucid::amp::cpu::ScaleState model{256.0f, 0, 0};
+    lucid::amp::detail::ScaleState model{256.0f, 0, 0};
     auto make = [] {
       return std::vector<at::Tensor>{at::full({}, 256.0f), at::zeros({}, at::kInt),
                                      at::zeros({}, at::kInt)};
@@ -394,11 +430,11 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     for (int i = 0; i < 60; ++i) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
-      model = lucid::amp::cpu::next_scale_state(model, found, 2.0, 0.5, interval, guards);
+      model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
       lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
-                                                interval, hysteresis, max_scale);
+                                                interval, guards);
       lucid::amp::generic::update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
-                                                 0.5, interval, hysteresis, max_scale);
+                                                 0.5, interval, guards);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
@@ -408,15 +444,15 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
   }
 }
 
-TEST(GuardKernels, GuardsOffTwinIsTheSeedRule) {
-  // next_scale_state with default guards == the original two-field rule.
+TEST(GuardKernels, GuardsOffTwinIsPyTorchsRule) {
+  // next_scale_state with default guards == PyTorch's two-field rule (above the floor).
   std::mt19937 rng(3);
-  lucid::amp::cpu::ScaleState s{1000.0f, 0};
+  lucid::amp::detail::ScaleState s{1000.0f, 0};
   float scale = 1000.0f;
   int32_t tracker = 0;
   for (int i = 0; i < 500; ++i) {
     const bool found = rng() % 5 == 0;
-    s = lucid::amp::cpu::next_scale_state(s, found, 1.7, 0.3, 3);
+    s = lucid::amp::detail::next_scale_state(s, found, 1.7, 0.3, 3);
     if (found) {
       scale = static_cast<float>(scale * 0.3);
       tracker = 0;

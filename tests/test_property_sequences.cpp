@@ -8,7 +8,7 @@
 // LUCID_PROPERTY_SEQUENCES (default 3000) and LUCID_PROPERTY_SEED (default 20240611) set
 // the number of sequences and the seed; a failure prints the seed and sequence to replay.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
 
@@ -22,18 +22,11 @@
 
 namespace {
 
-using lucid::amp::BackoffEvent;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-using lucid::amp::OptimizerStage;
-using lucid::amp::ScalerCounters;
+using namespace lucid_test;
 
 constexpr int kOptimizers = 3;
 constexpr int kParams = 2;  // per optimizer; optimizer 2 has them in two param groups
 constexpr int kEntries = 3;
-constexpr float kFInf = std::numeric_limits<float>::infinity();
-constexpr float kFNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 enum class Outcome { kOk, kError, kValueError };
 
@@ -58,8 +51,8 @@ bool same_float(float a, float b) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The reference model: plain C++ over floats, written from the spec (seed page, cpp-api.md,
-// README "Trust under faults"), not from the implementation.
+// The reference model: plain C++ over floats, written from the contract (the reference
+// API, README "The contract" and "Trust under faults"), not from the implementation.
 
 struct ModelOptions {
   bool enabled = true;
@@ -67,6 +60,7 @@ struct ModelOptions {
   int64_t growth_interval = 2000;
   double min_scale = 0.0, max_scale = kInf;
   int64_t hysteresis = 1;
+  bool refill_on_clean = false;  // HysteresisRefill::kOnCleanUpdate
 };
 
 struct ModelReportEntry {
@@ -101,6 +95,7 @@ struct Model {
   struct Opt {
     OptimizerStage stage = OptimizerStage::kReady;
     bool flag = false, flag_read = false;
+    bool checked = false;  // unscale_/step saw at least one gradient in this iteration
     bool grad_defined[kParams] = {false, false};
     float grad[kParams][kEntries] = {};
     float param[kParams][kEntries] = {};
@@ -164,6 +159,10 @@ struct Model {
     }
     opt[k].flag = found;
     opt[k].flag_read = false;
+    opt[k].checked = false;
+    for (int i = 0; i < kParams; ++i) {
+      opt[k].checked = opt[k].checked || opt[k].grad_defined[i];
+    }
     opt[k].stage = OptimizerStage::kUnscaled;
   }
 
@@ -200,6 +199,7 @@ struct Model {
     if (opt[k].stage == OptimizerStage::kReady) {
       unscale_grads(k);
     }
+    counters.steps_without_gradients += opt[k].checked ? 0 : 1;
     const bool overflow = read_flag(k);
     opt[k].stage = OptimizerStage::kStepped;
     opt[k].last_skipped = overflow ? 1 : 0;
@@ -219,7 +219,10 @@ struct Model {
       if (overflow_tracker + 1 < o.hysteresis) {
         return {scale, 0, overflow_tracker + 1, kAbsorbed};
       }
-      return {static_cast<float>(scale * o.backoff_factor), 0, overflow_tracker, kBackoff};
+      // A backoff never goes below float32's smallest normal value (nor below a scale
+      // that is already smaller).
+      const float backed_off = static_cast<float>(scale * o.backoff_factor);
+      return {std::max(backed_off, std::min(scale, FLT_MIN)), 0, overflow_tracker, kBackoff};
     }
     if (growth_tracker + 1 == o.growth_interval) {
       float grown = static_cast<float>(scale * o.growth_factor);
@@ -227,9 +230,11 @@ struct Model {
         grown = scale;
       }
       grown = std::min(grown, static_cast<float>(o.max_scale));
-      return {grown, 0, 0, kGrowth};
+      return {grown, 0, 0, kGrowth};  // growth refills the hysteresis count (both modes)
     }
-    return {scale, growth_tracker + 1, 0, kNone};
+    // A clean update refills it only in DeepSpeed's consecutive mode.
+    const int32_t refilled = o.refill_on_clean ? 0 : overflow_tracker;
+    return {scale, growth_tracker + 1, refilled, kNone};
   }
 
   void finish_iteration() {
@@ -237,12 +242,22 @@ struct Model {
       x.stage = OptimizerStage::kReady;
       x.flag = false;
       x.flag_read = false;
+      x.checked = false;
     }
     ++counters.updates;
   }
 
   Outcome update() {
     if (!o.enabled) {
+      return Outcome::kOk;
+    }
+    bool evidence = false;
+    for (const auto& x : opt) {
+      evidence = evidence || (x.stage != OptimizerStage::kReady && x.checked);
+    }
+    if (!evidence) {  // no growth (nor anything else) without an overflow check
+      ++counters.updates_without_checks;
+      finish_iteration();
       return Outcome::kOk;
     }
     if (o.min_scale > 0 || callback) {
@@ -579,7 +594,7 @@ class Sequence {
       bool valid = false;
       std::string broken;
       const auto map = random_map(valid, broken);
-      log_ << "load_state_dict(" << fault_test::describe(map) << ")" << (valid ? "" : " broken " + broken)
+      log_ << "load_state_dict(" << describe(map) << ")" << (valid ? "" : " broken " + broken)
            << "\n";
       ++stats_.loads;
       if (!model_.o.enabled) {
@@ -652,12 +667,12 @@ class Sequence {
     }
     const auto state = s.state_dict();
     if (state != model_.state_dict()) {
-      d << "state_dict " << fault_test::describe(state) << " model "
-        << fault_test::describe(model_.state_dict()) << "; ";
+      d << "state_dict " << describe(state) << " model "
+        << describe(model_.state_dict()) << "; ";
     }
     const ScalerCounters c = s.counters();
-    if (!fault_test::operator_eq(c, model_.counters)) {
-      d << "counters " << fault_test::describe(c) << " model " << fault_test::describe(model_.counters)
+    if (!operator_eq(c, model_.counters)) {
+      d << "counters " << describe(c) << " model " << describe(model_.counters)
         << "; ";
     }
     for (int k = 0; k < kOptimizers; ++k) {

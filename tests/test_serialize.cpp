@@ -2,7 +2,7 @@
 // model and an optimizer), PyTorch's _growth_tracker, and refusal of corrupt, truncated
 // and mismatched archives with the scaler unchanged.
 
-#include "fault_test_util.h"
+#include "support/scaler_fixtures.h"
 
 #include "amp/archive_check.h"
 #include "amp/archive_format.h"
@@ -15,14 +15,7 @@
 
 namespace {
 
-using fault_test::Observed;
-using fault_test::OneParam;
-using fault_test::ThrowsError;
-using fault_test::ThrowsValueError;
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using namespace lucid_test;
 
 std::string save_bytes(const GradScaler& scaler) {
   std::ostringstream out;
@@ -56,7 +49,7 @@ GradScaler busy_scaler(bool with_tensors = true) {
   }
   OneParam p;
   for (bool o : {true, true, true, false, false, false, false, true}) {
-    fault_test::iterate(s, p, o);
+    iterate(s, p, o);
   }
   return s;
 }
@@ -76,8 +69,8 @@ TEST(Checkpoint, RoundTripIsExactAndTheScheduleContinuesIdentically) {
       EXPECT_EQ(target.options().growth_interval(), 3);
       OneParam a, b;
       for (bool o : {true, true, false, false, false, true, true, true, false}) {
-        fault_test::iterate(source, a, o);
-        fault_test::iterate(target, b, o);
+        iterate(source, a, o);
+        iterate(target, b, o);
         ASSERT_EQ(Observed::of(target), Observed::of(source)) << Observed::of(target).str();
       }
       EXPECT_EQ(save_bytes(target).size(), save_bytes(source).size());
@@ -299,8 +292,32 @@ TEST_F(Refusal, CraftedArchiveIsLoadedWhenValid) {
   EXPECT_EQ(Observed::of(scaler), Observed::of(source));
 }
 
+TEST_F(Refusal, AVersionOneArchiveLoadsAndKeepsTheNewerOptions) {
+  // Version 1 had no hysteresis_refill, min_scale_policy, streak options, strict mode or
+  // their counters: they keep the loading scaler's options and start at 0.
+  GradScaler source = busy_scaler();
+  source.update(2048.0);
+  Crafted c = Crafted::of(source);
+  c.version = 1;
+  const size_t v1_fields = lucid::amp::detail::archive_fields(1).size();
+  ASSERT_LT(v1_fields, c.values.size());
+  c.values.resize(v1_fields);
+  GradScaler target(GradScalerOptions()
+                        .hysteresis_refill(lucid::amp::HysteresisRefill::kOnCleanUpdate)
+                        .overflow_warning_streak(7)
+                        .strict_inf_checks(true));
+  load_bytes(target, c.bytes());
+  EXPECT_EQ(target.get_scale(), 2048.0);
+  EXPECT_EQ(target.counters().steps_taken, source.counters().steps_taken);
+  EXPECT_EQ(target.counters().updates_without_checks, 0);
+  EXPECT_EQ(target.options().hysteresis_refill(), lucid::amp::HysteresisRefill::kOnCleanUpdate);
+  EXPECT_EQ(target.options().overflow_warning_streak(), 7);
+  EXPECT_TRUE(target.options().strict_inf_checks());
+}
+
 TEST_F(Refusal, AnUnknownFormatVersion) {
-  for (const int64_t v : {int64_t{0}, int64_t{2}, int64_t{-1}, std::numeric_limits<int64_t>::max()}) {
+  for (const int64_t v : {int64_t{0}, lucid::amp::kGradScalerArchiveVersion + 1, int64_t{-1},
+                          std::numeric_limits<int64_t>::max()}) {
     Crafted c = Crafted::of(scaler);
     c.version = v;
     EXPECT_TRUE(ThrowsError("format version", [&] { load_bytes(scaler, c.bytes()); })) << v;

@@ -1,70 +1,19 @@
 // GradScalerOptions (defaults and validation) and GradScaler's state: get_scale,
 // state_dict and load_state_dict (../shared/spec/cpp-api.md).
 
-#include <lucid/amp.h>
-#include <torch/torch.h>
-
-#include <gtest/gtest.h>
+#include "support/scaler_fixtures.h"
 
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 namespace {
 
-using lucid::amp::GradScaler;
-using lucid::amp::GradScalerOptions;
+using namespace lucid_test;
 using State = std::map<std::string, double>;
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Succeeds when `f` throws exactly c10::ValueError (not c10::Error, not another
-// subclass) with `needle` in its message.
-template <typename F>
-::testing::AssertionResult ThrowsValueError(const std::string& needle, F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    if (typeid(e) != typeid(c10::ValueError)) {
-      return ::testing::AssertionFailure() << "expected c10::ValueError, got "
-                                           << typeid(e).name() << ": " << msg;
-    }
-    if (msg.find(needle) == std::string::npos) {
-      return ::testing::AssertionFailure() << "c10::ValueError message lacks \"" << needle
-                                           << "\": " << msg;
-    }
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "expected c10::ValueError, got a non-c10 exception: "
-                                         << e.what();
-  } catch (...) {
-    return ::testing::AssertionFailure() << "expected c10::ValueError, got an unknown exception";
-  }
-  return ::testing::AssertionFailure() << "expected c10::ValueError, nothing thrown";
-}
-
-// One iteration on a throw-away optimizer, with or without an overflow, then update().
-void iterate(GradScaler& scaler, bool overflow) {
-  auto p = torch::zeros({2}).requires_grad_();
-  torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
-  p.mutable_grad() = torch::tensor({1.0f, overflow ? std::numeric_limits<float>::infinity() : 2.0f});
-  scaler.step(opt);
-  scaler.update();
-}
-
-std::string describe(const State& s) {
-  std::string out = "{";
-  for (const auto& kv : s) {
-    out += kv.first + ": " + std::to_string(kv.second) + ", ";
-  }
-  return out + "}";
-}
 
 // ---------------------------------------------------------------------------------------
 // Options.
@@ -237,14 +186,14 @@ TEST(GradScalerState, StateDictFollowsUpdates) {
   EXPECT_EQ(scaler.state_dict().at("growth_interval"), 3.0);
 }
 
-TEST(GradScalerState, StateDictFollowsUpdatesBeforeScaleWasCalled) {
+TEST(GradScalerState, UpdatesBeforeAnyCheckLeaveTheStateDict) {
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(3));
-  scaler.update();
-  scaler.update();
-  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
-  scaler.update();
-  EXPECT_EQ(scaler.state_dict().at("scale"), 32.0);
-  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
+  const auto before = scaler.state_dict();
+  for (int i = 0; i < 4; ++i) {
+    scaler.update();  // no gradient was ever checked: no evidence of a clean step
+  }
+  EXPECT_EQ(scaler.state_dict(), before);
+  EXPECT_EQ(scaler.counters().updates_without_checks, 4);
 }
 
 // ---------------------------------------------------------------------------------------

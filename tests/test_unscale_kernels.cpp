@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 
 #include "amp/kernel_routing.h"
-#include "cpu/amp_kernels.h"
-#include "generic/amp_ops.h"
+#include "amp/cpu/amp_kernels.h"
+#include "amp/generic/amp_ops.h"
 
 #include <cfloat>
 #include <cmath>
@@ -229,8 +229,8 @@ TEST(UpdateScale, NeverGrowsPastFloat32Max) {
 
 // The generic path multiplies in float32 (devices such as MPS lack float64); the CPU
 // twin, like ATen's CUDA kernel, in float64. Each must follow its own rule exactly.
-lucid::amp::cpu::ScaleState next_in_float32(lucid::amp::cpu::ScaleState s, bool found,
-                                            float growth, float backoff, int32_t interval) {
+lucid::amp::detail::ScaleState next_in_float32(lucid::amp::detail::ScaleState s, bool found,
+                                               float growth, float backoff, int32_t interval) {
   if (found) {
     return {s.scale * backoff, 0};
   }
@@ -244,12 +244,12 @@ lucid::amp::cpu::ScaleState next_in_float32(lucid::amp::cpu::ScaleState s, bool 
 TEST(UpdateScale, NonPowerOfTwoFactorsFollowEachBackendsRule) {
   for (const bool generic : {false, true}) {
     Schedule s{1000.0f, 0};
-    lucid::amp::cpu::ScaleState model{1000.0f, 0};
+    lucid::amp::detail::ScaleState model{1000.0f, 0};
     for (int i = 0; i < 20; ++i) {
       const bool found = (i % 7 == 3);
       s = run_update(generic, s, found, 1.7, 0.3, 2);
       model = generic ? next_in_float32(model, found, 1.7f, 0.3f, 2)
-                      : lucid::amp::cpu::next_scale_state(model, found, 1.7, 0.3, 2);
+                      : lucid::amp::detail::next_scale_state(model, found, 1.7, 0.3, 2);
       EXPECT_EQ(s.scale, model.scale) << (generic ? "generic" : "cpu") << ", iteration " << i;
       EXPECT_EQ(s.tracker, model.growth_tracker) << "iteration " << i;
     }

@@ -1,16 +1,24 @@
-// Trainer::save and Trainer::load: one torch::serialize archive holding four nested
-// archives, "model", "optimizer" (LibTorch's own formats), "scaler" (the GradScaler's
-// state_dict, one float64 tensor per key) and "trainer" (config that decides the
-// trajectory, loop position, counters and the step log). With these, a resumed run takes
-// the same steps as an uninterrupted one: same weights, same Adam moments, same scale and
-// growth tracker, same position in the same seeded data order.
+// Trainer::save and Trainer::load: one torch::serialize archive holding "model" and
+// "optimizer" (LibTorch's own formats), the GradScaler as GradScaler::save writes it
+// (under lucid::amp::kGradScalerArchiveKey, with its format version and checksum), and
+// "trainer" (config that decides the trajectory, loop position, counters and the step
+// log). With these, a resumed run takes the same steps as an uninterrupted one: same
+// weights, same Adam moments, same scale and growth tracker, same position in the same
+// shuffled data order.
+//
+// The scaler goes through GradScaler::save/load, the library's one checkpoint format,
+// so that lucid::amp::load_scaler reads the scaler out of a trainer checkpoint too, and
+// so that loading can run load_scaler's archive check over the whole file (below).
 
 #include <c10/util/Exception.h>
+#include <lucid/amp/serialize.h>
 #include <torch/serialize.h>
 #include <torch/serialize/archive.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "trainer.h"
 
@@ -41,13 +49,53 @@ int64_t get_int(torch::serialize::InputArchive& a, const std::string& key,
   return get_tensor(a, key, path).item<int64_t>();
 }
 
+// The bytes of the checkpoint at `path`, once they have passed what
+// lucid::amp::load_scaler checks before it loads anything: the zip structure and every
+// record's CRC-32 (the model's and the optimizer's records too), LibTorch's parse, and the
+// scaler entry's format version, checksum and values. LibTorch's own reader skips the
+// CRCs, so without this a flipped bit in the weights would load silently, and some
+// corrupt records crash its importer. The check runs on a disabled scaler, which checks
+// the entry and keeps nothing, so that a checkpoint of another precision (a disabled
+// scaler's entry) still reaches the message that names the precision to resume with.
+std::string checked_checkpoint_bytes(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  TORCH_CHECK(file.good(), "cannot read checkpoint ", path, ": cannot open it.");
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  TORCH_CHECK(!file.bad(), "cannot read checkpoint ", path, ": reading it failed.");
+  lucid::amp::GradScaler probe(lucid::amp::GradScalerOptions().enabled(false));
+  std::istringstream in(bytes);
+  try {
+    lucid::amp::load_scaler(probe, in);
+    return bytes;
+  } catch (const c10::Error& e) {
+    const std::string why = e.what_without_backtrace();
+    // GradScaler::load names its key when the archive has none, and it runs only after
+    // the archive check and the parse have passed: then the bytes are safe to parse here,
+    // to tell a checkpoint of the earlier trainer format from some other archive.
+    const std::string no_scaler = std::string("no '") + lucid::amp::kGradScalerArchiveKey + "'";
+    if (why.find(no_scaler) != std::string::npos) {
+      torch::serialize::InputArchive root, nested;
+      std::istringstream again(bytes);
+      root.load_from(again);
+      TORCH_CHECK(!(root.try_read("scaler", nested) && root.try_read("trainer", nested)),
+                  "checkpoint ", path, " was written by an earlier lucid_amp_trainer, which "
+                  "stored the scaler as plain tensors, without the format version, checksum "
+                  "and archive check of GradScaler::save; this trainer does not read it. "
+                  "Finish that run with the build that wrote it, or start it again (--save "
+                  "writes the current format).");
+      TORCH_CHECK(false, "checkpoint ", path, " is not one written by this trainer's --save: ",
+                  why);
+    }
+    TORCH_CHECK(false, "cannot read checkpoint ", path, ": ", why);
+  }
+}
+
 }  // namespace
 
 void Trainer::save(const std::string& path) {
-  torch::serialize::OutputArchive root, model, optim, scaler, state;
+  torch::serialize::OutputArchive root, model, optim, state;
   model_->save(model);
   optimizer_->save(optim);
-  for (const auto& [key, value] : scaler_->state_dict()) put(scaler, key, value);
 
   put(state, "precision", static_cast<int64_t>(config_.precision));
   put(state, "batch_size", config_.batch_size);
@@ -80,7 +128,7 @@ void Trainer::save(const std::string& path) {
 
   root.write("model", model);
   root.write("optimizer", optim);
-  root.write("scaler", scaler);
+  scaler_->save(root);
   root.write("trainer", state);
   // Written beside the target and renamed into place, so that a crash or a full disk
   // never leaves half a checkpoint where the last good one was.
@@ -92,14 +140,12 @@ void Trainer::save(const std::string& path) {
 }
 
 void Trainer::load(const std::string& path) {
-  torch::serialize::InputArchive root, model, optim, scaler, state;
-  try {
-    root.load_from(path);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cannot read checkpoint ", path, ": ", e.what_without_backtrace());
-  }
+  const std::string bytes = checked_checkpoint_bytes(path);
+  torch::serialize::InputArchive root, model, optim, state;
+  std::istringstream in(bytes);
+  root.load_from(in);  // parsed once already, by the check
   TORCH_CHECK(root.try_read("trainer", state) && root.try_read("model", model) &&
-                  root.try_read("optimizer", optim) && root.try_read("scaler", scaler),
+                  root.try_read("optimizer", optim),
               "checkpoint ", path, " is not one written by this trainer's --save.");
 
   auto check_same = [&](const char* what, auto saved, auto mine, const char* flag) {
@@ -125,13 +171,7 @@ void Trainer::load(const std::string& path) {
              "--train-limit");
 
   // Read everything before changing anything, so that a bad checkpoint leaves the
-  // trainer as it was (the scaler's load_state_dict validates on its own).
-  std::map<std::string, double> scaler_state;
-  for (const char* key :
-       {"scale", "growth_factor", "backoff_factor", "growth_interval", "growth_tracker"}) {
-    at::Tensor t;
-    if (scaler.try_read(key, t)) scaler_state[key] = t.item<double>();
-  }
+  // trainer as it was (the scaler's entry was checked with the bytes).
   const int64_t epoch = get_int(state, "epoch", path), batch = get_int(state, "batch", path);
   const auto loss = get_tensor(state, "log_loss", path).to(at::kDouble).contiguous();
   const auto scale = get_tensor(state, "log_scale", path).to(at::kDouble).contiguous();
@@ -143,9 +183,11 @@ void Trainer::load(const std::string& path) {
               "checkpoint ", path, " is inconsistent (", steps, " steps, a log of ",
               loss.numel(), ", epoch ", epoch, " batch ", batch, ").");
 
+  // The scaler first: GradScaler::load checks everything before it changes anything, so
+  // if it refused, nothing else would have changed either.
+  scaler_->load(root);
   model_->load(model);
   optimizer_->load(optim);
-  scaler_->load_state_dict(scaler_state);
 
   epoch_ = epoch;
   batch_ = batch;

@@ -103,7 +103,10 @@ class Trainer {
   void save(const std::string& path);
   /// Loads what save() wrote; the checkpoint's precision, batch size, seed, learning
   /// rate, head gain and training-set size must match this trainer's (c10::ValueError
-  /// otherwise), since they decide the trajectory.
+  /// otherwise), since they decide the trajectory. The file first passes the archive
+  /// check of lucid::amp::load_scaler (zip structure, every record's CRC-32, the scaler
+  /// entry's checksum): a corrupt or truncated checkpoint, or one in the earlier trainer
+  /// format, throws c10::Error and leaves the trainer as it was.
   void load(const std::string& path);
 
   /// The run so far.

@@ -8,286 +8,97 @@
 // lucid-amp writes carry their own checksum (NOTE: [GradScaler archive format]), but the
 // crash comes before they are read. So load_scaler checks the zip first: every record
 // where the central directory says, local and central headers agreeing, one volume, no
-// flags or directory entries that torch::serialize does not write (byte flips there got
-// past the first version of this check and reached LibTorch's reader, which refused
-// them after reading uninitialised memory under valgrind), data inside the file, and
-// the data's CRC-32 equal to the recorded one (deflated records are inflated
-// here for that, with the small bounds-checked inflater below). Accidental corruption
-// (bit rot, a torn write, truncation) is then refused with a clear error before LibTorch
+// flags or directory entries that torch::serialize does not write (byte flips there
+// reach LibTorch's reader, which refuses them only after reading uninitialised memory
+// under valgrind), data inside the file, and the data's CRC-32 equal to the recorded
+// one. zlib computes the CRC-32 and inflates the deflated records (raw deflate, in
+// pieces, so that a record's claimed size costs no memory). Accidental corruption (bit
+// rot, a torn write, truncation) is then refused with a clear error before LibTorch
 // sees it. An archive crafted to keep its CRCs right can still reach LibTorch's parsers:
 // like torch.load, do not load checkpoints from untrusted sources.
 
 #include "amp/archive_check.h"
 
 #include <c10/util/Exception.h>
+#include <zlib.h>
 
 #include <algorithm>
-#include <array>
-#include <vector>
+#include <limits>
+#include <memory>
+#include <string>
 
 namespace lucid {
 namespace amp {
 namespace detail {
 namespace {
 
-const std::array<uint32_t, 256>& crc_table() {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t n = 0; n < 256; ++n) {
-      uint32_t c = n;
-      for (int k = 0; k < 8; ++k) {
-        c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      }
-      t[n] = c;
-    }
-    return t;
-  }();
-  return table;
-}
+// zlib counts input and output in uInt (32 bits); longer buffers go in pieces of this.
+constexpr size_t kMaxZlibPiece = std::numeric_limits<uInt>::max();
+// Output is inflated into a buffer of at most this size, then handed on.
+constexpr size_t kInflatePiece = size_t{1} << 16;
 
-// ---------------------------------------------------------------------------------------
-// Inflate (RFC 1951), after Mark Adler's puff: canonical Huffman codes decoded bit by bit.
-// Every read is bounds-checked; every failure throws.
-
-constexpr int kMaxBits = 15;
-
-struct Huffman {
-  std::array<int16_t, kMaxBits + 1> count{};
-  std::vector<int16_t> symbol;
-};
-
-class Inflater {
- public:
-  Inflater(const uint8_t* data, size_t size, size_t limit, const std::string& what)
-      : in_(data), size_(size), limit_(limit), what_(what) {
-    // Deflate expands at most ~1032:1; a header claiming more is refused before this.
-    out_.reserve(std::min<size_t>(limit, size_t{1} << 20));
-  }
-
-  std::string run() {
-    bool last = false;
-    do {
-      last = bits(1) == 1;
-      switch (bits(2)) {
-        case 0:
-          stored();
-          break;
-        case 1:
-          fixed();
-          break;
-        case 2:
-          dynamic();
-          break;
-        default:
-          fail("a block of the reserved type 3");
-      }
-    } while (!last);
-    TORCH_CHECK(out_.size() == limit_, what_, " inflates to ", out_.size(),
-                " bytes, but its header says ", limit_, "; the archive is corrupt.");
-    return std::move(out_);
-  }
-
- private:
-  [[noreturn]] void fail(const char* why) {
-    TORCH_CHECK(false, what_, " is not a valid deflate stream (", why,
+// Inflates the raw deflate stream (RFC 1951, no zlib header or trailer, as zip records
+// hold it) data[0, size) with zlib, handing each piece of output to sink(bytes, n).
+// Throws c10::Error naming `what` when zlib refuses the stream, when the stream ends
+// before its last block, and when its output is not exactly `expected_size` bytes (the
+// output is cut off one byte past that size, never inflated further). Input after the
+// last block is not read.
+template <typename Sink>
+void inflate_pieces(const uint8_t* data, size_t size, size_t expected_size,
+                    const std::string& what, Sink&& sink) {
+  const auto fail = [&](const std::string& why) {
+    TORCH_CHECK(false, what, " is not a valid deflate stream (", why,
                 "); the archive is corrupt.");
-  }
-
-  int bits(int need) {
-    uint32_t val = bitbuf_;
-    while (bitcnt_ < need) {
-      if (pos_ == size_) {
-        fail("it ends early");
-      }
-      val |= static_cast<uint32_t>(in_[pos_++]) << bitcnt_;
-      bitcnt_ += 8;
+  };
+  z_stream z{};
+  // Negative window bits: raw deflate, with the largest window (32 KiB) the format allows.
+  const int init = inflateInit2(&z, -MAX_WBITS);
+  TORCH_CHECK(init == Z_OK, "zlib could not start inflating ", what, " (", zError(init), ")");
+  struct End {
+    z_stream* z;
+    ~End() { inflateEnd(z); }
+  } end{&z};
+  // One byte more than the declared size fits, so that output past it is seen.
+  const size_t piece = std::min(expected_size, kInflatePiece - 1) + 1;
+  const std::unique_ptr<Bytef[]> buf(new Bytef[piece]);
+  size_t in_left = size, produced = 0;
+  for (;;) {
+    if (z.avail_in == 0 && in_left > 0) {
+      const size_t n = std::min(in_left, kMaxZlibPiece);
+      z.next_in = const_cast<Bytef*>(data + (size - in_left));
+      z.avail_in = static_cast<uInt>(n);
+      in_left -= n;
     }
-    bitbuf_ = val >> need;
-    bitcnt_ -= need;
-    return static_cast<int>(val & ((1u << need) - 1));
-  }
-
-  void put(uint8_t byte) {
-    if (out_.size() == limit_) {
+    z.next_out = buf.get();
+    z.avail_out = static_cast<uInt>(piece);
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    const size_t n = piece - z.avail_out;
+    if (n > expected_size - produced) {
       fail("it inflates past its declared size");
     }
-    out_.push_back(static_cast<char>(byte));
-  }
-
-  void stored() {
-    bitbuf_ = 0;
-    bitcnt_ = 0;  // to a byte boundary
-    if (size_ - pos_ < 4) {
-      fail("a stored block's length is cut off");
+    sink(buf.get(), n);
+    produced += n;
+    if (rc == Z_STREAM_END) {
+      break;
     }
-    const unsigned len = in_[pos_] | (in_[pos_ + 1] << 8);
-    const unsigned nlen = in_[pos_ + 2] | (in_[pos_ + 3] << 8);
-    pos_ += 4;
-    if (len != (~nlen & 0xffffu)) {
-      fail("a stored block's length check fails");
+    if (rc == Z_DATA_ERROR) {
+      // zlib names the fault: an invalid block type, stored length, code set, code or
+      // distance, or a distance back past the start of the output.
+      fail(std::string("zlib: ") + (z.msg != nullptr ? z.msg : "invalid data"));
     }
-    if (size_ - pos_ < len) {
-      fail("a stored block is cut off");
+    TORCH_CHECK(rc != Z_MEM_ERROR, "zlib ran out of memory inflating ", what);
+    // Z_BUF_ERROR: no progress with room for output, so every input byte has been
+    // given (input is fed before each call) and the stream needs more than there is.
+    if (rc == Z_BUF_ERROR) {
+      fail("it ends early");
     }
-    for (unsigned i = 0; i < len; ++i) {
-      put(in_[pos_++]);
+    if (rc != Z_OK) {
+      fail(std::string("zlib: ") + zError(rc));
     }
   }
-
-  int decode(const Huffman& h) {
-    int code = 0, first = 0, index = 0;
-    for (int len = 1; len <= kMaxBits; ++len) {
-      code |= bits(1);
-      const int count = h.count[len];
-      if (code - count < first) {
-        return h.symbol[index + (code - first)];
-      }
-      index += count;
-      first += count;
-      first <<= 1;
-      code <<= 1;
-    }
-    fail("a code that is not in its Huffman table");
-  }
-
-  // Builds a canonical code from code lengths; refuses over-subscribed sets.
-  void construct(Huffman& h, const int16_t* length, int n) {
-    h.count.fill(0);
-    for (int s = 0; s < n; ++s) {
-      ++h.count[length[s]];
-    }
-    if (h.count[0] == n) {
-      h.symbol.assign(n, 0);
-      return;  // no codes: decoding one fails
-    }
-    int left = 1;
-    for (int len = 1; len <= kMaxBits; ++len) {
-      left <<= 1;
-      left -= h.count[len];
-      if (left < 0) {
-        fail("an over-subscribed Huffman code");
-      }
-    }
-    std::array<int16_t, kMaxBits + 1> offs{};
-    for (int len = 1; len < kMaxBits; ++len) {
-      offs[len + 1] = static_cast<int16_t>(offs[len] + h.count[len]);
-    }
-    h.symbol.assign(n, 0);
-    for (int s = 0; s < n; ++s) {
-      if (length[s] != 0) {
-        h.symbol[offs[length[s]]++] = static_cast<int16_t>(s);
-      }
-    }
-  }
-
-  void codes(const Huffman& lencode, const Huffman& distcode) {
-    static const int16_t lbase[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
-                                      31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
-    static const int16_t lext[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
-                                     2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-    static const int16_t dbase[30] = {1,    2,    3,    4,    5,    7,     9,     13,    17,  25,
-                                      33,   49,   65,   97,   129,  193,   257,   385,   513, 769,
-                                      1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-    static const int16_t dext[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
-                                     6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
-    for (;;) {
-      int symbol = decode(lencode);
-      if (symbol < 256) {
-        put(static_cast<uint8_t>(symbol));
-      } else if (symbol == 256) {
-        return;
-      } else {
-        symbol -= 257;
-        if (symbol >= 29) {
-          fail("an invalid length symbol");
-        }
-        const int len = lbase[symbol] + bits(lext[symbol]);
-        const int dsym = decode(distcode);
-        if (dsym >= 30) {
-          fail("an invalid distance symbol");
-        }
-        const size_t dist = static_cast<size_t>(dbase[dsym] + bits(dext[dsym]));
-        if (dist > out_.size()) {
-          fail("a distance back past the start of the output");
-        }
-        for (int i = 0; i < len; ++i) {
-          put(static_cast<uint8_t>(out_[out_.size() - dist]));
-        }
-      }
-    }
-  }
-
-  void fixed() {
-    int16_t lengths[288 + 30];
-    int s = 0;
-    for (; s < 144; ++s) lengths[s] = 8;
-    for (; s < 256; ++s) lengths[s] = 9;
-    for (; s < 280; ++s) lengths[s] = 7;
-    for (; s < 288; ++s) lengths[s] = 8;
-    for (int d = 0; d < 30; ++d) lengths[288 + d] = 5;
-    Huffman lencode, distcode;
-    construct(lencode, lengths, 288);
-    construct(distcode, lengths + 288, 30);
-    codes(lencode, distcode);
-  }
-
-  void dynamic() {
-    static const int16_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
-    const int nlen = bits(5) + 257;
-    const int ndist = bits(5) + 1;
-    const int ncode = bits(4) + 4;
-    if (nlen > 286 || ndist > 30) {
-      fail("too many length or distance codes");
-    }
-    int16_t lengths[286 + 30] = {};
-    for (int i = 0; i < ncode; ++i) {
-      lengths[order[i]] = static_cast<int16_t>(bits(3));
-    }
-    Huffman lencode, distcode;
-    construct(lencode, lengths, 19);
-    int index = 0;
-    while (index < nlen + ndist) {
-      int symbol = decode(lencode);
-      if (symbol < 16) {
-        lengths[index++] = static_cast<int16_t>(symbol);
-        continue;
-      }
-      int16_t len = 0;
-      if (symbol == 16) {
-        if (index == 0) {
-          fail("a repeat with no previous length");
-        }
-        len = lengths[index - 1];
-        symbol = 3 + bits(2);
-      } else if (symbol == 17) {
-        symbol = 3 + bits(3);
-      } else {
-        symbol = 11 + bits(7);
-      }
-      if (index + symbol > nlen + ndist) {
-        fail("code lengths that run past their count");
-      }
-      while (symbol--) {
-        lengths[index++] = len;
-      }
-    }
-    if (lengths[256] == 0) {
-      fail("no end-of-block code");
-    }
-    construct(lencode, lengths, nlen);
-    construct(distcode, lengths + nlen, ndist);
-    codes(lencode, distcode);
-  }
-
-  const uint8_t* in_;
-  size_t size_;
-  size_t pos_ = 0;
-  uint32_t bitbuf_ = 0;
-  int bitcnt_ = 0;
-  size_t limit_;
-  std::string out_;
-  const std::string& what_;
-};
+  TORCH_CHECK(produced == expected_size, what, " inflates to ", produced,
+              " bytes, but its header says ", expected_size, "; the archive is corrupt.");
+}
 
 // ---------------------------------------------------------------------------------------
 // Zip structure.
@@ -309,18 +120,25 @@ bool within(uint64_t at, uint64_t n, uint64_t size) { return at <= size && n <= 
 }  // namespace
 
 uint32_t crc32(const void* data, size_t size, uint32_t crc) {
-  const auto& table = crc_table();
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) {
-    crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (size > 0) {
+    const size_t n = std::min(size, kMaxZlibPiece);
+    c = ::crc32(c, p, static_cast<uInt>(n));
+    p += n;
+    size -= n;
   }
-  return ~crc;
+  return static_cast<uint32_t>(c);
 }
 
 std::string inflate_raw(const uint8_t* data, size_t size, size_t expected_size,
                         const std::string& what) {
-  return Inflater(data, size, expected_size, what).run();
+  std::string out;
+  out.reserve(std::min<size_t>(expected_size, size_t{1} << 20));
+  inflate_pieces(data, size, expected_size, what, [&](const Bytef* bytes, size_t n) {
+    out.append(reinterpret_cast<const char*>(bytes), n);
+  });
+  return out;
 }
 
 size_t check_zip_integrity(const std::string& b, const std::string& source) {
@@ -473,13 +291,13 @@ size_t check_zip_integrity(const std::string& b, const std::string& source) {
       actual = crc32(p, csize);
     } else if (method == 8) {
       // Deflate cannot expand more than 1032:1, so a larger claim is corrupt (and is
-      // refused before anything is allocated for it).
+      // refused before any of the record is inflated).
       if (usize > csize * 1032 + 64) {
         bad("the deflated record '" + name + "' claims " + std::to_string(usize) +
             " bytes from " + std::to_string(csize));
       }
-      const std::string out = inflate_raw(p, csize, usize, "'" + name + "' in " + source);
-      actual = crc32(out.data(), out.size());
+      inflate_pieces(p, csize, usize, "'" + name + "' in " + source,
+                     [&](const Bytef* bytes, size_t n) { actual = crc32(bytes, n, actual); });
     } else {
       bad("'" + name + "' uses compression method " + std::to_string(method) +
           ", which torch::serialize does not write");

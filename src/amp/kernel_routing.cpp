@@ -1,13 +1,10 @@
 #include "amp/kernel_routing.h"
 
-#include "cpu/amp_kernels.h"
-#include "generic/amp_ops.h"
-#ifdef LUCID_AMP_WITH_CUDA
-#include "cuda/cuda_backend.h"
-#endif
+#include "amp/backend.h"
 
+#include <algorithm>
 #include <atomic>
-#include <optional>
+#include <iterator>
 
 namespace lucid {
 namespace amp {
@@ -16,36 +13,39 @@ namespace {
 
 std::atomic<bool> force_generic{false};
 
-enum class Backend { kCpu, kCuda, kGeneric };
+// The table a device takes when nothing is forced: its own if it has one, else generic.
+const AmpBackend& backend_for_device(c10::DeviceType type) {
+  if (force_generic.load()) {
+    return generic_amp_backend();
+  }
+  const AmpBackend* table = find_amp_backend(type);
+  return table != nullptr ? *table : generic_amp_backend();
+}
+
+// A device table takes non-overlapping, dense tensors only; views that are not go to the
+// generic path, as does every device without a table.
+const AmpBackend& backend_for(const at::Tensor& dense) {
+  if (force_generic.load()) {
+    return generic_amp_backend();
+  }
+  const AmpBackend* table = find_amp_backend(dense.device().type());
+  return table != nullptr && dense.is_non_overlapping_and_dense() ? *table
+                                                                  : generic_amp_backend();
+}
 
 // One multi-tensor launch: the tensors of one device that one backend takes.
 struct LaunchGroup {
-  Backend backend;
+  const AmpBackend* backend;
   at::Device device;
   std::vector<at::Tensor> tensors;
 };
-
-Backend backend_for(const at::Tensor& dense) {
-  if (force_generic.load()) {
-    return Backend::kGeneric;
-  }
-  if (dense.is_cpu() && dense.is_non_overlapping_and_dense()) {
-    return Backend::kCpu;
-  }
-#ifdef LUCID_AMP_WITH_CUDA
-  if (dense.is_cuda() && dense.is_non_overlapping_and_dense()) {
-    return Backend::kCuda;
-  }
-#endif
-  return Backend::kGeneric;
-}
 
 std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tensor>& grads) {
   std::vector<LaunchGroup> groups;
   for (const auto& grad : grads) {
     // Sparse gradients are unscaled and checked through their values (an alias).
     at::Tensor dense = grad.is_sparse() ? grad._values() : grad;
-    const Backend backend = backend_for(dense);
+    const AmpBackend* backend = &backend_for(dense);
     auto it = std::find_if(groups.begin(), groups.end(), [&](const LaunchGroup& g) {
       return g.backend == backend && g.device == dense.device();
     });
@@ -60,77 +60,28 @@ std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tenso
 
 // kWrite false: the read-only check. `scale` may be undefined there (multiply by 1).
 template <bool kWrite>
-void run_cpu_group(const std::vector<at::Tensor>& tensors, const at::Tensor& scale,
-                   at::Tensor& found_inf) {
-  // Reading a CPU scale is no synchronisation; a device scale with CPU gradients (a
-  // model split over devices) has to come to the host once.
-  const double inv =
-      scale.defined() ? 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>())
-                      : 1.0;
-  const bool found = kWrite ? cpu::unscale_and_check_(tensors, inv) : cpu::check_finite(tensors, inv);
-  if (found) {
-    found_inf.fill_(1.0);
-  }
-}
-
-#ifdef LUCID_AMP_WITH_CUDA
-// Raises `found_inf` (on its own device) by a flag that lives on another device.
-void merge_found_inf(at::Tensor& found_inf, const at::Tensor& local) {
-  found_inf.copy_(at::maximum(found_inf, local.to(found_inf.device())));
-}
-
-template <bool kWrite>
-void run_cuda_group(const at::Device& device, const std::vector<at::Tensor>& tensors,
-                    const at::Tensor& scale, at::Tensor& found_inf) {
-  const bool local_flag = found_inf.device() != device;
-  at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
-  if (kWrite) {
-    cuda::unscale_and_check_(tensors, scale, flag);
-  } else {
-    cuda::check_finite_(tensors, scale, flag);
-  }
-  if (local_flag) {
-    merge_found_inf(found_inf, flag);
-  }
-}
-#endif
-
-template <bool kWrite>
-void run_group(Backend backend, const at::Device& device, const std::vector<at::Tensor>& tensors,
+void run_group(const AmpBackend& backend, const std::vector<at::Tensor>& tensors,
                const at::Tensor& scale, at::Tensor& found_inf) {
-  (void)device;  // only the CUDA backend needs it
-  switch (backend) {
-    case Backend::kCpu:
-      run_cpu_group<kWrite>(tensors, scale, found_inf);
-      break;
-    case Backend::kCuda:
-#ifdef LUCID_AMP_WITH_CUDA
-      run_cuda_group<kWrite>(device, tensors, scale, found_inf);
-#endif
-      break;
-    case Backend::kGeneric:
-      if (kWrite) {
-        generic::unscale_and_check_(tensors, scale, found_inf);
-      } else {
-        generic::check_finite_(tensors, scale, found_inf);
-      }
-      break;
+  if (kWrite) {
+    backend.unscale_and_check_(tensors, scale, found_inf);
+  } else {
+    backend.check_finite_(tensors, scale, found_inf);
   }
 }
 
 // The common case, every gradient dense on one device for one backend, runs on the
-// caller's list with no per-tensor copies on the host: at 116M parameters the CUDA pass
-// takes 0.23 ms on an H200, so microseconds of host work show (docs/PERFORMANCE.md).
-// Returns that backend, or nothing when the list needs grouping.
-std::optional<Backend> one_dense_backend(const std::vector<at::Tensor>& grads) {
+// caller's list with no per-tensor copies on the host: the device pass over a model's
+// gradients is short enough that microseconds of host work show (docs/PERFORMANCE.md).
+// Returns that backend, or null when the list needs grouping.
+const AmpBackend* one_dense_backend(const std::vector<at::Tensor>& grads) {
   const at::Tensor& first = grads.front();
   if (first.is_sparse()) {
-    return std::nullopt;
+    return nullptr;
   }
-  const Backend backend = backend_for(first);
+  const AmpBackend* backend = &backend_for(first);
   for (const auto& grad : grads) {
-    if (grad.is_sparse() || grad.device() != first.device() || backend_for(grad) != backend) {
-      return std::nullopt;
+    if (grad.is_sparse() || grad.device() != first.device() || &backend_for(grad) != backend) {
+      return nullptr;
     }
   }
   return backend;
@@ -142,12 +93,12 @@ void run_groups(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
   if (grads.empty()) {
     return;
   }
-  if (const std::optional<Backend> backend = one_dense_backend(grads)) {
-    run_group<kWrite>(*backend, grads.front().device(), grads, scale, found_inf);
+  if (const AmpBackend* backend = one_dense_backend(grads)) {
+    run_group<kWrite>(*backend, grads, scale, found_inf);
     return;
   }
   for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
-    run_group<kWrite>(group.backend, group.device, group.tensors, scale, found_inf);
+    run_group<kWrite>(*group.backend, group.tensors, scale, found_inf);
   }
 }
 
@@ -165,35 +116,18 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
-  if (!force_generic.load() && scale.is_cpu()) {
-    cpu::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                       growth_interval);
-#ifdef LUCID_AMP_WITH_CUDA
-  } else if (!force_generic.load() && scale.is_cuda()) {
-    cuda::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                        growth_interval);
-#endif
-  } else {
-    generic::update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                           growth_interval);
-  }
+  backend_for_device(scale.device().type())
+      .update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                     growth_interval);
 }
 
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
-                           int64_t hysteresis, double max_scale) {
-  if (!force_generic.load() && scale.is_cpu()) {
-    cpu::ScaleGuards guards;
-    guards.hysteresis = hysteresis;
-    guards.max_scale = static_cast<float>(max_scale);
-    cpu::update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
-                               growth_factor, backoff_factor, growth_interval, guards);
-  } else {
-    generic::update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
-                                   growth_factor, backoff_factor, growth_interval, hysteresis,
-                                   max_scale);
-  }
+                           const ScaleGuards& guards) {
+  backend_for_device(scale.device().type())
+      .update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
+                             backoff_factor, growth_interval, guards);
 }
 
 ForceGenericBackendGuard::ForceGenericBackendGuard() : previous_(force_generic.exchange(true)) {}

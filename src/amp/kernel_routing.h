@@ -1,7 +1,10 @@
 #pragma once
 
-// Internal: routes unscale-and-check and the scale update to a backend (src/cpu,
-// src/cuda, src/generic) by device and dtype. Not installed; tests include it.
+// Internal: routes unscale-and-check and the scale update to a backend table
+// (amp/backend.h: src/amp/cpu, src/amp/cuda, src/amp/generic) by device and layout. Not
+// installed; tests include it.
+
+#include "amp/scale_rule.h"
 
 #include <ATen/ATen.h>
 
@@ -35,21 +38,22 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 
 // One step of the sawtooth, on the scale's device, with no host synchronisation.
 // Args:
-//   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0; by growth
-//                   after `growth_interval` clean updates, unless that overflows float32.
+//   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0 (never below
+//                   detail::kScaleFloor); by growth after `growth_interval` clean updates,
+//                   unless that overflows float32.
 //   growth_tracker: int32, 0-dim, same device: overflow-free updates since the last change.
 //   found_inf:      float32, 0-dim, same device; non-zero means overflow.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval);
 
-// The update with guards (hysteresis, max_scale; see cpu::next_scale_state): the CPU twin
-// for a CPU scale, the generic ATen-ops path on every other device (CUDA included; ATen's
-// kernel knows no guards). No host synchronisation either.
+// The update with guards (hysteresis and its refill mode, max_scale; see
+// detail::next_scale_state), through the scale's device table. No host synchronisation
+// either.
 //   overflow_tracker: int32, 0-dim, beside `scale`: overflows absorbed by hysteresis.
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
-                           int64_t hysteresis, double max_scale);
+                           const ScaleGuards& guards);
 
 // Routes every device to the generic ATen-ops backend (the path Apple MPS and other
 // devices take) while alive. Lets the tests exercise that path on CPU. Process-wide.

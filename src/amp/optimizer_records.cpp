@@ -33,6 +33,15 @@ void OptimizerRecords::check_can_step(const OptimizerRecord& record) {
               "call update() once per iteration, after the steps.");
 }
 
+bool OptimizerRecords::any_checked() const {
+  for (const auto& entry : records_) {
+    if (entry.second.checked) {
+      return true;
+    }
+  }
+  return false;
+}
+
 at::Tensor OptimizerRecords::combined_found_inf(bool* all_read, bool* any_found) const {
   // One optimizer's flag is used as it is, with no kernel: a launch here comes after
   // step's read of the flag, with the device idle, so it would show in a step's time.

@@ -18,6 +18,10 @@ struct OptimizerRecord {
   at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
   bool found_inf_read = false;   // the host has read found_inf
   bool found_inf_value = false;  // what it read
+  bool had_gradients = false;    // unscale_/step found at least one defined gradient
+  // The flag is evidence about this iteration: gradients were checked, or a found_inf
+  // hook (another rank's check) ran on it. An update() with no evidence grows nothing.
+  bool checked = false;
 };
 
 // The stage machine. The check_* functions throw c10::Error for a call out of order and
@@ -36,6 +40,9 @@ class OptimizerRecords {
   // The overflow flags of this iteration, combined (MAX); undefined when no optimizer
   // recorded one. `all_read`: the host read every flag; `any_found`: one it read was set.
   at::Tensor combined_found_inf(bool* all_read, bool* any_found) const;
+
+  // Whether any optimizer's overflow was checked in this iteration.
+  bool any_checked() const;
 
   // Every record, for reading the flags nobody has read yet.
   template <typename F>

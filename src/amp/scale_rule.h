@@ -1,17 +1,125 @@
 #pragma once
 
-// The schedule rule (next_scale_state and its types) as the core names it; defined with
-// the CPU update kernel, which is the rule's twin.
+// The loss-scale schedule as a pure function: one update of the scale and its trackers.
+// Every backend follows it: the CPU kernel and the CUDA kernel both run this very code
+// (it compiles for host and device), the generic path computes the same decisions as
+// tensor ops, and the host mirror that counts backoffs and growths (NOTE: [Diagnostics
+// without host synchronisation]) advances with it too.
 
-#include "cpu/amp_kernels.h"
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LUCID_HOST_DEVICE __host__ __device__
+#else
+#define LUCID_HOST_DEVICE
+#endif
 
 namespace lucid {
 namespace amp {
 namespace detail {
-using cpu::next_scale_state;
-using cpu::ScaleEvent;
-using cpu::ScaleGuards;
-using cpu::ScaleState;
+
+// The scale and trackers after one update.
+struct ScaleState {
+  float scale;
+  int32_t growth_tracker;
+  // Overflowing updates absorbed by hysteresis since the count was last refilled, in
+  // [0, hysteresis).
+  int32_t overflow_tracker = 0;
+};
+
+// The guards that change the update itself (min_scale is a check, NOTE: [Guards] in
+// src/amp/scale_schedule.h). The defaults are off: next_scale_state is then PyTorch's
+// GradScaler rule exactly, but for the floor (kScaleFloor).
+struct ScaleGuards {
+  // Overflowing updates absorbed (step skipped, scale kept) before one backs off; once
+  // used up, every overflow backs off until the count is refilled. 1 backs off on every
+  // overflow.
+  int64_t hysteresis = 1;
+  // Refill the count on every clean update (DeepSpeed's consecutive_hysteresis=True)
+  // instead of only when the scale grows (Megatron-LM, DeepSpeed's default).
+  bool refill_on_clean = false;
+  // Growth is capped here (float32; +inf is no cap).
+  float max_scale = INFINITY;
+};
+
+// A backoff never takes the scale below float32's smallest normal value: a scale that
+// collapses to subnormals and then 0 makes every later step 0 * loss and 1/0 in the
+// unscale, so nothing would ever be learnt again. A scale already below it stays.
+constexpr float kScaleFloor = FLT_MIN;
+
+// What one update did.
+enum class ScaleEvent {
+  kNone,      // clean update, growth interval not reached
+  kGrowth,    // growth interval reached: grown by growth_factor (capped), tracker reset
+  kAbsorbed,  // overflow absorbed by hysteresis: scale kept
+  kBackoff,   // overflow: multiplied by backoff_factor (not below kScaleFloor)
+};
+
+namespace rule {
+LUCID_HOST_DEVICE inline bool is_finite(float x) {
+#if defined(__CUDA_ARCH__)
+  return ::isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+LUCID_HOST_DEVICE inline float larger(float a, float b) { return a < b ? b : a; }
+LUCID_HOST_DEVICE inline float smaller(float a, float b) { return b < a ? b : a; }
+}  // namespace rule
+
+// One update, mirroring ATen's _amp_update_scale_ line by line (in float32, with the
+// products formed in float64 and rounded once) so that a schedule is identical on every
+// device; the floor and the guards are the only additions. Writes what happened to
+// *event when given.
+LUCID_HOST_DEVICE inline ScaleState next_scale_state(ScaleState state, bool found_inf,
+                                                     double growth_factor,
+                                                     double backoff_factor,
+                                                     int64_t growth_interval,
+                                                     const ScaleGuards& guards = ScaleGuards(),
+                                                     ScaleEvent* event = nullptr) {
+  ScaleEvent what = ScaleEvent::kNone;
+  ScaleState next = state;
+  if (found_inf) {
+    next.growth_tracker = 0;
+    if (state.overflow_tracker + 1 < guards.hysteresis) {
+      // Hysteresis absorbs this overflow: the step was skipped, the scale stays.
+      next.overflow_tracker = state.overflow_tracker + 1;
+      what = ScaleEvent::kAbsorbed;
+    } else {
+      // The tracker stays at hysteresis - 1: each further overflow backs off until the
+      // count is refilled.
+      const float backed_off = static_cast<float>(state.scale * backoff_factor);
+      next.scale = rule::larger(backed_off, rule::smaller(state.scale, kScaleFloor));
+      what = ScaleEvent::kBackoff;
+    }
+  } else {
+    if (guards.refill_on_clean) {
+      next.overflow_tracker = 0;
+    }
+    const int32_t successful = state.growth_tracker + 1;
+    if (successful == growth_interval) {
+      const float grown = static_cast<float>(state.scale * growth_factor);
+      // Never grow past float32's largest finite value: keep the old scale instead.
+      next.scale = rule::is_finite(grown) ? grown : state.scale;
+      // max_scale caps growth (never lowers a scale that is below it).
+      if (next.scale > guards.max_scale) {
+        next.scale = rule::larger(guards.max_scale, state.scale);
+      }
+      next.growth_tracker = 0;
+      next.overflow_tracker = 0;  // growth refills the hysteresis count in both modes
+      what = ScaleEvent::kGrowth;
+    } else {
+      next.growth_tracker = successful;
+    }
+  }
+  if (event != nullptr) {
+    *event = what;
+  }
+  return next;
+}
+
 }  // namespace detail
 }  // namespace amp
 }  // namespace lucid

@@ -12,6 +12,14 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
+ScaleGuards guards_of(const GradScalerOptions& options) {
+  ScaleGuards guards;
+  guards.hysteresis = options.hysteresis();
+  guards.refill_on_clean = options.hysteresis_refill() == HysteresisRefill::kOnCleanUpdate;
+  guards.max_scale = static_cast<float>(options.max_scale());
+  return guards;
+}
+
 ScaleSchedule::ScaleSchedule(GradScalerOptions options)
     : options_(options), host_scale_(static_cast<float>(options.init_scale())) {}
 
@@ -55,8 +63,7 @@ void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tra
   if (guarded()) {
     update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
                           options_.growth_factor(), options_.backoff_factor(),
-                          options_.growth_interval(), options_.hysteresis(),
-                          options_.max_scale());
+                          options_.growth_interval(), guards_of(options_));
   } else {
     update_scale_(scale, growth_tracker, found_inf, options_.growth_factor(),
                   options_.backoff_factor(), options_.growth_interval());
@@ -68,20 +75,6 @@ void ScaleSchedule::advance(const at::Tensor& found_inf) {
     ensure_overflow_tracker_();  // a load may have turned hysteresis or max_scale on
   }
   run_update_kernel_(scale_, growth_tracker_, overflow_tracker_, found_inf);
-}
-
-void ScaleSchedule::advance_on_host() {
-  ScaleGuards guards;
-  guards.hysteresis = options_.hysteresis();
-  guards.max_scale = static_cast<float>(options_.max_scale());
-  const ScaleState next = next_scale_state(
-      {host_scale_, static_cast<int32_t>(host_growth_tracker_),
-       static_cast<int32_t>(host_overflow_tracker_)},
-      /*found_inf=*/false, options_.growth_factor(), options_.backoff_factor(),
-      options_.growth_interval(), guards);
-  host_scale_ = next.scale;
-  host_growth_tracker_ = next.growth_tracker;
-  host_overflow_tracker_ = next.overflow_tracker;
 }
 
 ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
@@ -96,6 +89,11 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
   run_update_kernel_(p.scale, p.growth_tracker, p.overflow_tracker, found_inf);
   p.new_scale = p.scale.item<float>();
   return p;
+}
+
+void ScaleSchedule::hold_at(Proposal& proposal, float floor) {
+  proposal.scale.fill_(floor);
+  proposal.new_scale = floor;
 }
 
 void ScaleSchedule::commit(const Proposal& proposal) {
@@ -119,6 +117,11 @@ ScalerSnapshot ScaleSchedule::snapshot() const {
   s.hysteresis = options_.hysteresis();
   s.overflow_tracker =
       overflow_tracker_.defined() ? overflow_tracker_.item<int32_t>() : host_overflow_tracker_;
+  s.hysteresis_refill = options_.hysteresis_refill();
+  s.min_scale_policy = options_.min_scale_policy();
+  s.overflow_warning_streak = options_.overflow_warning_streak();
+  s.max_overflow_streak = options_.max_overflow_streak();
+  s.strict_inf_checks = options_.strict_inf_checks();
   return s;
 }
 
@@ -128,7 +131,12 @@ void ScaleSchedule::apply(const ScalerSnapshot& s) {
       .growth_interval(s.growth_interval)
       .min_scale(s.min_scale)
       .max_scale(s.max_scale)
-      .hysteresis(s.hysteresis);
+      .hysteresis(s.hysteresis)
+      .hysteresis_refill(s.hysteresis_refill)
+      .min_scale_policy(s.min_scale_policy)
+      .overflow_warning_streak(s.overflow_warning_streak)
+      .max_overflow_streak(s.max_overflow_streak)
+      .strict_inf_checks(s.strict_inf_checks);
   if (scale_.defined()) {
     scale_.fill_(s.scale);
     growth_tracker_.fill_(s.growth_tracker);

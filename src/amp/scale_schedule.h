@@ -33,6 +33,7 @@
 
 #include <lucid/amp/grad_scaler_options.h>
 
+#include "amp/scale_rule.h"
 #include "amp/scaler_state.h"
 
 #include <ATen/ATen.h>
@@ -40,6 +41,9 @@
 namespace lucid {
 namespace amp {
 namespace detail {
+
+// The guards of `options` as the schedule rule takes them.
+ScaleGuards guards_of(const GradScalerOptions& options);
 
 class ScaleSchedule {
  public:
@@ -64,8 +68,6 @@ class ScaleSchedule {
   // One update on the device tensors, in place, by the overflow flag `found_inf`
   // (float32, 0-dim, on the scale's device). Reads nothing back.
   void advance(const at::Tensor& found_inf);
-  // One update with no overflow, on the host copies (before the tensors exist).
-  void advance_on_host();
 
   // The same update computed into copies, for the host to inspect before commit().
   struct Proposal {
@@ -76,6 +78,8 @@ class ScaleSchedule {
     at::Tensor overflow_tracker;
   };
   Proposal propose(const at::Tensor& found_inf);
+  // Makes `proposal` hold the scale at `floor` instead (MinScalePolicy::kClamp).
+  static void hold_at(Proposal& proposal, float floor);
   void commit(const Proposal& proposal);
 
   // The schedule's state, read back from the device where it lives.

@@ -13,9 +13,32 @@ namespace amp {
 namespace detail {
 namespace {
 
+// "parameter 3 'fc.weight' of param group 0", or without the quotes when unnamed.
+std::string describe(size_t group, size_t index, const std::string& name) {
+  std::ostringstream out;
+  out << "parameter " << index;
+  if (!name.empty()) {
+    out << " '" << name << "'";
+  }
+  out << " of param group " << group;
+  return out.str();
+}
+
+bool has_any_gradient(const OptimizerView& view) {
+  for (const auto& params : view.param_groups) {
+    for (const auto& param : params) {
+      if (param.grad().defined()) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Collects the defined gradients of `view` and refuses, before any is touched, the dtypes
 // the scaler cannot unscale.
-std::vector<at::Tensor> checked_gradients(const OptimizerView& view) {
+std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
+                                          const ScalerDiagnostics& diagnostics) {
   std::vector<at::Tensor> grads;
   for (size_t g = 0; g < view.param_groups.size(); ++g) {
     const auto& params = view.param_groups[g];
@@ -25,20 +48,21 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view) {
         continue;  // a parameter that took no part in this backward()
       }
       const at::ScalarType dtype = grad.scalar_type();
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          !at::isComplexType(dtype), "GradScaler cannot unscale complex gradients: parameter ",
-          i, " of param group ", g, " has a ", dtype,
-          " gradient. Nothing was unscaled; keep complex parameters out of scaled optimizers.");
-      TORCH_CHECK_VALUE(
-          dtype != at::kHalf, "Attempting to unscale float16 gradients: parameter ", i,
-          " of param group ", g,
-          " has a Half gradient. Nothing was unscaled. Loss scaling needs float32 master "
-          "weights: keep the parameters in float32 and let lucid::amp::autocast run the "
-          "forward pass in half precision.");
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,
-          "GradScaler cannot unscale ", dtype, " gradients (parameter ", i, " of param group ",
-          g, "); supported: Float, Double, BFloat16.");
+      const bool supported = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
+      if (!supported) {
+        const std::string which = describe(g, i, diagnostics.name_of(params[i]));
+        TORCH_CHECK_NOT_IMPLEMENTED(
+            !at::isComplexType(dtype), "GradScaler cannot unscale complex gradients: ", which,
+            " has a ", dtype,
+            " gradient. Nothing was unscaled; keep complex parameters out of scaled optimizers.");
+        TORCH_CHECK_VALUE(
+            dtype != at::kHalf, "Attempting to unscale float16 gradients: ", which,
+            " has a Half gradient. Nothing was unscaled. Loss scaling needs float32 master "
+            "weights: keep the parameters in float32 and let lucid::amp::autocast run the "
+            "forward pass in half precision.");
+        TORCH_CHECK_NOT_IMPLEMENTED(false, "GradScaler cannot unscale ", dtype, " gradients (",
+                                    which, "); supported: Float, Double, BFloat16.");
+      }
       grads.push_back(grad);
     }
   }
@@ -71,7 +95,8 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
 
 void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& record,
                                   GradientPass pass) {
-  const std::vector<at::Tensor> grads = checked_gradients(view);
+  const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
+  record.had_gradients = !grads.empty();
   if (!grads.empty()) {
     schedule_.place(grads.front().device());
   }
@@ -91,6 +116,7 @@ void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& re
     found_inf_hook_(found_inf);
   }
   record.found_inf = found_inf;
+  record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
 }
 
 void ScalerCore::unscale_(const OptimizerView& view) {
@@ -110,6 +136,16 @@ bool ScalerCore::step(const OptimizerView& view) {
   }
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_step(record);
+  if (options().strict_inf_checks()) {
+    const bool checked = record.stage == OptimizerStage::kReady
+                             ? has_any_gradient(view) || (found_inf_hook_ && schedule_.placed())
+                             : record.checked;
+    TORCH_CHECK(checked,
+                "No inf checks were recorded for this optimizer: none of its parameters has a "
+                "gradient. Nothing was changed. Call backward() on the scaled loss before "
+                "step(), or turn GradScalerOptions::strict_inf_checks off to count such steps "
+                "instead.");
+  }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
   TORCH_CHECK(scaler_aware || !options().graph_safe(),
               "GradScaler in graph_safe mode skips steps on the device, which only scaler-aware "
@@ -121,6 +157,9 @@ bool ScalerCore::step(const OptimizerView& view) {
   if (record.stage == OptimizerStage::kReady) {
     record_overflow_(view, record, GradientPass::kUnscale);
     record.stage = OptimizerStage::kUnscaled;
+  }
+  if (!record.had_gradients) {
+    diagnostics_.note_step_without_gradients();
   }
   // The one host read of a step: a 4-byte flag, on the scale's device.
   const bool overflow = read_found_inf_(&view, record);
@@ -139,6 +178,9 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   if (record.stage == OptimizerStage::kReady) {
     record_overflow_(view, record, GradientPass::kCheckOnly);
     scale_for_optimizer = schedule_.scale();
+  }
+  if (!record.had_gradients) {
+    diagnostics_.note_step_without_gradients();
   }
   view.set_grad_scaling(scale_for_optimizer, record.found_inf);
   view.step();
@@ -182,14 +224,20 @@ void ScalerCore::update(std::optional<double> new_scale) {
     finish_iteration_();
     return;
   }
-  std::optional<BackoffEvent> backoff;
-  if (schedule_.placed()) {
-    backoff = update_on_device_();  // may throw (min_scale) before anything changed
-  } else {
-    // No tensor exists yet, so nothing can have overflowed: advance the host copy.
-    schedule_.advance_on_host();
-    diagnostics_.note_schedule_update(/*known=*/true, /*found=*/false, at::Tensor(), options());
+  // No growth without evidence: an iteration in which no optimizer's gradients were
+  // checked says nothing about the scale (PyTorch raises here; strict_inf_checks does too).
+  if (!records_.any_checked()) {
+    TORCH_CHECK(!options().strict_inf_checks(),
+                "No inf checks were recorded prior to update(): no optimizer had a gradient "
+                "since the last update(). Nothing was changed. Call step(optimizer) after "
+                "backward() on the scaled loss, or turn GradScalerOptions::strict_inf_checks "
+                "off to count such updates instead.");
+    diagnostics_.note_update_without_checks();
+    finish_iteration_();
+    return;
   }
+  // May throw (min_scale, max_overflow_streak) before anything changed.
+  const std::optional<BackoffEvent> backoff = update_on_device_();
   finish_iteration_();
   if (backoff.has_value() && diagnostics_.backoff_callback()) {
     diagnostics_.backoff_callback()(*backoff);
@@ -198,7 +246,8 @@ void ScalerCore::update(std::optional<double> new_scale) {
 
 std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   const GradScalerOptions& opts = options();
-  const bool decide_on_host = opts.min_scale() > 0.0 || static_cast<bool>(diagnostics_.backoff_callback());
+  const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
+                              static_cast<bool>(diagnostics_.backoff_callback());
   if (decide_on_host) {
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
     // inspected (the report counts it as uninspected); the flag is ours.
@@ -213,15 +262,24 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
     found_inf = at::zeros({}, schedule_.scale().options());
   }
   if (!decide_on_host || !diagnostics_.predicts_backoff(found, opts)) {
+    if (decide_on_host && found) {
+      check_overflow_streak_();
+    }
     schedule_.advance(found_inf);
     diagnostics_.note_schedule_update(known, found, found_inf, opts);
     return std::nullopt;
   }
+  check_overflow_streak_();
 
   // A backoff that min_scale or the callback must see: compute it into copies first.
-  const ScaleSchedule::Proposal proposal = schedule_.propose(found_inf);
+  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf);
   const ScalerCounters& counters = diagnostics_.counters();
-  if (opts.min_scale() > 0.0 && static_cast<double>(proposal.new_scale) < opts.min_scale()) {
+  const bool below_min =
+      opts.min_scale() > 0.0 && static_cast<double>(proposal.new_scale) < opts.min_scale();
+  if (below_min && opts.min_scale_policy() == MinScalePolicy::kClamp) {
+    schedule_.hold_at(proposal, static_cast<float>(opts.min_scale()));
+    diagnostics_.note_min_scale_hold();
+  } else if (below_min) {
     const OverflowReport* report = diagnostics_.current_overflow();
     TORCH_CHECK(false, "GradScaler: the loss is diverging: this update would back the scale off ",
                 "from ", proposal.old_scale, " to ", proposal.new_scale, ", below min_scale ",
@@ -229,7 +287,8 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
                 " consecutive overflowing update(s). ", report ? report->to_string() : "",
                 "\nNothing was applied: the scale and the optimizers' stages are as before "
                 "this call, and last_overflow() names the gradients. Look for inf/NaN in the "
-                "data, the loss or the model, lower the learning rate, or lower min_scale.");
+                "data, the loss or the model, lower the learning rate, lower min_scale, or hold "
+                "the scale there with min_scale_policy(MinScalePolicy::kClamp).");
   }
   schedule_.commit(proposal);
   diagnostics_.note_schedule_update(/*known=*/true, /*found=*/true, found_inf, opts);
@@ -241,6 +300,21 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   event.overflow_streak = counters.overflow_streak;
   event.report = diagnostics_.current_overflow();
   return event;
+}
+
+void ScalerCore::check_overflow_streak_() const {
+  const int64_t limit = options().max_overflow_streak();
+  const int64_t streak = diagnostics_.counters().overflow_streak + 1;  // with this update
+  if (limit <= 0 || streak < limit) {
+    return;
+  }
+  const OverflowReport* report = diagnostics_.current_overflow();
+  TORCH_CHECK(false, "GradScaler: ", streak,
+              " consecutive updates saw inf/NaN gradients (max_overflow_streak is ", limit,
+              "): every step of those iterations was skipped. ", report ? report->to_string() : "",
+              "\nNothing was applied: the scale and the optimizers' stages are as before this "
+              "call, and last_overflow() names the gradients. Look for inf/NaN in the data, the "
+              "loss or the model, or lower the learning rate.");
 }
 
 void ScalerCore::finish_iteration_() {

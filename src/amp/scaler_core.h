@@ -68,6 +68,8 @@ class ScalerCore {
   // Reads the record's flag once; `view` is null where the optimizer may be gone.
   bool read_found_inf_(const OptimizerView* view, OptimizerRecord& record);
   std::optional<BackoffEvent> update_on_device_();
+  // Throws when this overflowing update reaches max_overflow_streak.
+  void check_overflow_streak_() const;
   void finish_iteration_();
 
   ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)

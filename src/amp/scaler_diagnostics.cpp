@@ -4,6 +4,7 @@
 #include "amp/scaler_diagnostics.h"
 
 #include "amp/scale_rule.h"
+#include "amp/scale_schedule.h"
 
 #include <c10/util/Exception.h>
 
@@ -48,8 +49,7 @@ constexpr size_t kMaxPendingUpdates = 1024;
 // The event one update with outcome `found` has on the mirrored trackers.
 ScaleEvent advance_trackers(int32_t& growth_tracker, int32_t& overflow_tracker, bool found,
                             const GradScalerOptions& options) {
-  ScaleGuards guards;
-  guards.hysteresis = options.hysteresis();
+  const ScaleGuards guards = guards_of(options);
   ScaleEvent event = ScaleEvent::kNone;
   // Only the trackers matter here: they follow the same rule on every backend.
   const ScaleState next =
@@ -145,7 +145,7 @@ void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale) {
     return;
   }
   for (auto& entry :
-       non_finite_gradients(*view, [this](const at::Tensor& p) { return name_of_(p); })) {
+       non_finite_gradients(*view, [this](const at::Tensor& p) { return name_of(p); })) {
     report.gradients.push_back(std::move(entry));
   }
 }
@@ -187,8 +187,26 @@ void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options) {
     c.overflow_streak = found ? c.overflow_streak + 1 : 0;
     c.backoffs += event == ScaleEvent::kBackoff ? 1 : 0;
     c.growths += event == ScaleEvent::kGrowth ? 1 : 0;
+    if (found) {
+      warn_on_streak_(options);
+    }
   }
   pending_.clear();
+}
+
+void ScalerDiagnostics::warn_on_streak_(const GradScalerOptions& options) const {
+  const int64_t threshold = options.overflow_warning_streak();
+  if (threshold <= 0 || counters_.overflow_streak != threshold) {
+    return;  // once per streak: exactly when it reaches the threshold
+  }
+  TORCH_WARN("GradScaler: ", counters_.overflow_streak,
+             " consecutive updates saw inf/NaN gradients, so every step of those iterations "
+             "was skipped and the model did not learn. The scale is now backed off toward its "
+             "floor; look for inf/NaN in the data, the loss or the model, or lower the "
+             "learning rate. ",
+             last_overflow_.has_value() ? last_overflow_->to_string() : std::string(),
+             "\n(GradScalerOptions::overflow_warning_streak sets when this warning comes; 0 "
+             "turns it off.)");
 }
 
 bool ScalerDiagnostics::predicts_backoff(bool found, const GradScalerOptions& options) {
@@ -212,7 +230,7 @@ bool ScalerDiagnostics::step_skipped(const void* key) const {
   return it != last_step_skipped_.end() && it->second;
 }
 
-std::string ScalerDiagnostics::name_of_(const at::Tensor& param) const {
+std::string ScalerDiagnostics::name_of(const at::Tensor& param) const {
   const auto it = names_.find(param.unsafeGetTensorImpl());
   return it != names_.end() && !it->second.param.expired() ? it->second.name : std::string();
 }

@@ -62,6 +62,12 @@ class ScalerDiagnostics {
   void drop_pending() { pending_.clear(); }
   // update() finished an iteration (with or without the schedule).
   void finish_iteration() { ++counters_.updates; }
+  // update() found no overflow check since the last one and left the schedule alone.
+  void note_update_without_checks() { ++counters_.updates_without_checks; }
+  // step() ran an optimizer that had no gradient at all.
+  void note_step_without_gradients() { ++counters_.steps_without_gradients; }
+  // A backoff held the scale at min_scale (counted once the update is resolved).
+  void note_min_scale_hold() { ++counters_.min_scale_holds; }
 
   // The counters as of the last resolved update.
   const ScalerCounters& counters() const { return counters_; }
@@ -77,6 +83,8 @@ class ScalerDiagnostics {
   void set_backoff_callback(BackoffCallback callback) { on_backoff_ = std::move(callback); }
 
   void set_parameter_name(const at::Tensor& parameter, const std::string& name);
+  // The registered name of `param`, or "" when it has none.
+  std::string name_of(const at::Tensor& param) const;
   // Drops the names of parameters that are gone, so the map does not grow without bound.
   void forget_expired_names();
 
@@ -89,7 +97,8 @@ class ScalerDiagnostics {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
     std::string name;
   };
-  std::string name_of_(const at::Tensor& param) const;
+  // Warns (TORCH_WARN) when an overflow streak reaches options.overflow_warning_streak.
+  void warn_on_streak_(const GradScalerOptions& options) const;
 
   ScalerCounters counters_;
   // The trackers as of the last resolved update, advanced on the host by the rule every

@@ -78,6 +78,12 @@ void validate_options(const GradScalerOptions& options) {
   TORCH_CHECK_VALUE(options.min_scale() <= options.max_scale(), "GradScaler: min_scale ",
                     options.min_scale(), " is above max_scale ", options.max_scale(), ".");
   check_hysteresis(options.hysteresis());
+  TORCH_CHECK_VALUE(options.overflow_warning_streak() >= 0,
+                    "GradScaler: overflow_warning_streak must be >= 0 (0 turns the warning off), "
+                    "got ", options.overflow_warning_streak(), ".");
+  TORCH_CHECK_VALUE(options.max_overflow_streak() >= 0,
+                    "GradScaler: max_overflow_streak must be >= 0 (0 turns the guard off), got ",
+                    options.max_overflow_streak(), ".");
   check_scale_within_guards(init_scale, options.min_scale(), options.max_scale(), "init_scale");
 }
 
@@ -106,6 +112,10 @@ void validate_snapshot(const ScalerSnapshot& s, const char* who) {
   TORCH_CHECK_VALUE(s.overflow_tracker >= 0 && s.overflow_tracker < s.hysteresis, who,
                     ": 'overflow_tracker' must be in [0, hysteresis=", s.hysteresis, "), got ",
                     s.overflow_tracker, ".");
+  TORCH_CHECK_VALUE(s.overflow_warning_streak >= 0, who,
+                    ": 'overflow_warning_streak' must be >= 0, got ", s.overflow_warning_streak, ".");
+  TORCH_CHECK_VALUE(s.max_overflow_streak >= 0, who,
+                    ": 'max_overflow_streak' must be >= 0, got ", s.max_overflow_streak, ".");
   check_scale_within_guards(s.scale, s.min_scale, s.max_scale, "state 'scale'");
 }
 

@@ -46,6 +46,11 @@ struct ScalerSnapshot {
   double max_scale = std::numeric_limits<double>::infinity();
   int64_t hysteresis = 1;
   int64_t overflow_tracker = 0;
+  HysteresisRefill hysteresis_refill = HysteresisRefill::kOnGrowth;
+  MinScalePolicy min_scale_policy = MinScalePolicy::kThrow;
+  int64_t overflow_warning_streak = 100;
+  int64_t max_overflow_streak = 0;
+  bool strict_inf_checks = false;
 };
 
 // Checks every field and the relations between them; throws c10::ValueError naming the

@@ -4,14 +4,21 @@
 // NOTE: [GradScaler archive format]
 // GradScaler::save writes one nested archive under "lucid_amp_grad_scaler", so that it
 // can share an archive with a model and an optimizer. Its entries are IValues:
-//   format_version  int     1 (load reads 1..kGradScalerArchiveVersion)
+//   format_version  int     2 (load reads 1..kGradScalerArchiveVersion)
 //   enabled         bool
 //   scale           double  the float32 scale, exactly
 //   growth_factor, backoff_factor, min_scale, max_scale          double
 //   growth_interval, growth_tracker, hysteresis, overflow_tracker int
 //   steps_taken, steps_skipped, updates, overflow_updates, backoffs, growths,
 //   overflow_streak  int    the counters (ScalerCounters)
+//   since version 2:
+//   hysteresis_refill, min_scale_policy (the enums as ints), overflow_warning_streak,
+//   max_overflow_streak int; strict_inf_checks bool; updates_without_checks,
+//   steps_without_gradients, min_scale_holds int (counters)
 //   checksum        int     FNV-1a over all of the above (archive_checksum)
+// The table archive_fields() lists each entry once (key, type, member), and save and load
+// both walk it. A version 1 archive loads: the fields it lacks keep the loading scaler's
+// options, and the counters it lacks start at 0.
 // load reads and checks everything before it changes anything: a missing entry, an
 // entry of the wrong type, an unknown version or a checksum that does not match throws
 // c10::Error; values that are consistent but invalid (the checks of the options and of
@@ -46,19 +53,17 @@ namespace detail {
 
 namespace {
 
-ArchiveField int_field(const char* key, int64_t ArchiveRecord::*member) {
-  return {key, ArchiveKind::kInt, member, nullptr, nullptr};
+ArchiveField int_field(const char* key, int64_t ArchiveRecord::*member, int64_t since = 1) {
+  return {key, ArchiveKind::kInt, member, nullptr, nullptr, since};
 }
 ArchiveField double_field(const char* key, double ArchiveRecord::*member) {
-  return {key, ArchiveKind::kDouble, nullptr, member, nullptr};
+  return {key, ArchiveKind::kDouble, nullptr, member, nullptr, 1};
 }
-ArchiveField bool_field(const char* key, bool ArchiveRecord::*member) {
-  return {key, ArchiveKind::kBool, nullptr, nullptr, member};
+ArchiveField bool_field(const char* key, bool ArchiveRecord::*member, int64_t since = 1) {
+  return {key, ArchiveKind::kBool, nullptr, nullptr, member, since};
 }
 
-}  // namespace
-
-const std::vector<ArchiveField>& archive_fields() {
+const std::vector<ArchiveField>& all_fields() {
   using R = ArchiveRecord;
   static const std::vector<ArchiveField> fields = {
       bool_field("enabled", &R::enabled),
@@ -78,7 +83,32 @@ const std::vector<ArchiveField>& archive_fields() {
       int_field("backoffs", &R::backoffs),
       int_field("growths", &R::growths),
       int_field("overflow_streak", &R::overflow_streak),
+      int_field("hysteresis_refill", &R::hysteresis_refill, 2),
+      int_field("min_scale_policy", &R::min_scale_policy, 2),
+      int_field("overflow_warning_streak", &R::overflow_warning_streak, 2),
+      int_field("max_overflow_streak", &R::max_overflow_streak, 2),
+      bool_field("strict_inf_checks", &R::strict_inf_checks, 2),
+      int_field("updates_without_checks", &R::updates_without_checks, 2),
+      int_field("steps_without_gradients", &R::steps_without_gradients, 2),
+      int_field("min_scale_holds", &R::min_scale_holds, 2),
   };
+  return fields;
+}
+
+}  // namespace
+
+std::vector<ArchiveField> archive_fields(int64_t version) {
+  std::vector<ArchiveField> fields;
+  for (const auto& field : all_fields()) {
+    if (field.since_version <= version) {
+      fields.push_back(field);
+    }
+  }
+  return fields;
+}
+
+const std::vector<ArchiveField>& archive_fields() {
+  static const std::vector<ArchiveField> fields = archive_fields(kGradScalerArchiveVersion);
   return fields;
 }
 
@@ -130,12 +160,14 @@ void fnv1a_int(uint64_t& hash, int64_t value) {
 }  // namespace
 
 uint64_t archive_checksum(int64_t format_version, const std::vector<c10::IValue>& values) {
-  const auto& fields = archive_fields();
-  TORCH_INTERNAL_ASSERT(values.size() == fields.size());
+  // Each version's fields are a prefix of the next one's, so the keys of `values` are the
+  // first values.size() of the whole table, whatever version is claimed.
+  const std::vector<ArchiveField>& fields = all_fields();
+  TORCH_INTERNAL_ASSERT(values.size() <= fields.size());
   uint64_t hash = 14695981039346656037ull;
   fnv1a(hash, "format_version", sizeof("format_version"));
   fnv1a_int(hash, format_version);
-  for (size_t i = 0; i < fields.size(); ++i) {
+  for (size_t i = 0; i < values.size(); ++i) {
     fnv1a(hash, fields[i].key, std::strlen(fields[i].key) + 1);
     // By what the value holds, not what the field should hold: a value of the wrong
     // type is refused before the checksum is compared, and must not trip an assert here.
@@ -203,18 +235,33 @@ bool has_kind(const c10::IValue& value, ArchiveKind kind) {
 }
 
 void check_counters(const ScalerCounters& c) {
-  const int64_t all[] = {c.steps_taken, c.steps_skipped,   c.updates,        c.overflow_updates,
-                         c.backoffs,    c.growths,         c.overflow_streak};
+  const int64_t all[] = {c.steps_taken,      c.steps_skipped,          c.updates,
+                         c.overflow_updates, c.backoffs,               c.growths,
+                         c.overflow_streak,  c.updates_without_checks, c.steps_without_gradients,
+                         c.min_scale_holds};
   for (const int64_t v : all) {
     TORCH_CHECK_VALUE(v >= 0, kLoad, ": a counter is negative (", v,
                       "); the archive is not a GradScaler checkpoint.");
   }
-  TORCH_CHECK_VALUE(c.overflow_updates + c.growths <= c.updates && c.backoffs <= c.overflow_updates &&
-                        c.overflow_streak <= c.overflow_updates,
+  TORCH_CHECK_VALUE(c.overflow_updates + c.growths + c.updates_without_checks <= c.updates &&
+                        c.backoffs <= c.overflow_updates &&
+                        c.overflow_streak <= c.overflow_updates &&
+                        c.min_scale_holds <= c.backoffs,
                     kLoad, ": the counters contradict each other (updates ", c.updates,
                     ", overflow_updates ", c.overflow_updates, ", backoffs ", c.backoffs,
                     ", growths ", c.growths, ", overflow_streak ", c.overflow_streak,
                     "); the archive is not a GradScaler checkpoint.");
+}
+
+// A snapshot that carries only `options` (for the fields an older archive lacks).
+detail::ScalerSnapshot current_options_snapshot(const GradScalerOptions& o) {
+  detail::ScalerSnapshot s;
+  s.hysteresis_refill = o.hysteresis_refill();
+  s.min_scale_policy = o.min_scale_policy();
+  s.overflow_warning_streak = o.overflow_warning_streak();
+  s.max_overflow_streak = o.max_overflow_streak();
+  s.strict_inf_checks = o.strict_inf_checks();
+  return s;
 }
 
 detail::ArchiveRecord to_record(bool enabled, const detail::ScalerSnapshot& s,
@@ -237,7 +284,23 @@ detail::ArchiveRecord to_record(bool enabled, const detail::ScalerSnapshot& s,
   r.backoffs = c.backoffs;
   r.growths = c.growths;
   r.overflow_streak = c.overflow_streak;
+  r.hysteresis_refill = static_cast<int64_t>(s.hysteresis_refill);
+  r.min_scale_policy = static_cast<int64_t>(s.min_scale_policy);
+  r.overflow_warning_streak = s.overflow_warning_streak;
+  r.max_overflow_streak = s.max_overflow_streak;
+  r.strict_inf_checks = s.strict_inf_checks;
+  r.updates_without_checks = c.updates_without_checks;
+  r.steps_without_gradients = c.steps_without_gradients;
+  r.min_scale_holds = c.min_scale_holds;
   return r;
+}
+
+// An enum stored as an int: one of its `count` values.
+template <typename Enum>
+Enum checked_enum(int64_t value, int64_t count, const char* key) {
+  TORCH_CHECK_VALUE(value >= 0 && value < count, kLoad, ": '", key, "' must be in [0, ", count,
+                    "), got ", value, "; the archive was not written by GradScaler::save.");
+  return static_cast<Enum>(value);
 }
 
 // The schedule an archive holds, checked as every other source of state is.
@@ -254,6 +317,12 @@ detail::ScalerSnapshot snapshot_of(const detail::ArchiveRecord& r) {
   s.max_scale = r.max_scale;
   s.hysteresis = r.hysteresis;
   s.overflow_tracker = r.overflow_tracker;
+  s.hysteresis_refill =
+      checked_enum<HysteresisRefill>(r.hysteresis_refill, 2, "hysteresis_refill");
+  s.min_scale_policy = checked_enum<MinScalePolicy>(r.min_scale_policy, 2, "min_scale_policy");
+  s.overflow_warning_streak = r.overflow_warning_streak;
+  s.max_overflow_streak = r.max_overflow_streak;
+  s.strict_inf_checks = r.strict_inf_checks;
   detail::validate_snapshot(s, kLoad);
   return s;
 }
@@ -267,6 +336,9 @@ ScalerCounters counters_of(const detail::ArchiveRecord& r) {
   c.backoffs = r.backoffs;
   c.growths = r.growths;
   c.overflow_streak = r.overflow_streak;
+  c.updates_without_checks = r.updates_without_checks;
+  c.steps_without_gradients = r.steps_without_gradients;
+  c.min_scale_holds = r.min_scale_holds;
   check_counters(c);
   return c;
 }
@@ -304,7 +376,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   }
   const GradScalerOptions& options = core_().options();
   // Read and validate everything first, so that a bad map leaves the scaler as it was.
-  detail::ScalerSnapshot s;
+  detail::ScalerSnapshot s = current_options_snapshot(options);
   s.scale = detail::checked_scale(required(state, "scale"), "state 'scale'");
   s.growth_factor = required(state, "growth_factor");
   detail::check_growth_factor(s.growth_factor);
@@ -379,7 +451,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
               ": the archive has format version ", version.toInt(),
               "; this lucid-amp reads versions 1 to ", kGradScalerArchiveVersion,
               " (a newer lucid-amp wrote it?).");
-  const auto& fields = detail::archive_fields();
+  const std::vector<detail::ArchiveField> fields = detail::archive_fields(version.toInt());
   std::vector<c10::IValue> values(fields.size());
   for (size_t i = 0; i < fields.size(); ++i) {
     TORCH_CHECK(child.try_read(fields[i].key, values[i]), kLoad, ": the archive has no '",
@@ -396,8 +468,10 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
               ": checksum mismatch (stored ", static_cast<uint64_t>(checksum.toInt()),
               ", computed ", expected, "); the archive is corrupt. Nothing was loaded.");
 
-  // Then the values, with the checks every other source of state goes through.
-  detail::ArchiveRecord record;
+  // Then the values, with the checks every other source of state goes through. Fields an
+  // older version lacks keep this scaler's options; its new counters start at 0.
+  detail::ArchiveRecord record =
+      to_record(/*enabled=*/true, current_options_snapshot(core_().options()), ScalerCounters{});
   for (size_t i = 0; i < fields.size(); ++i) {
     detail::write_field(record, fields[i], values[i]);
   }

@@ -104,11 +104,17 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
           }
           steps.push_back(s.step());
         }
-        std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads, exp_avg, exp_avg_sq};
+        const int steps_list =
+            o.amsgrad() ? detail::AdamList::kStepsAmsgrad : detail::AdamList::kSteps;
+        std::vector<std::vector<at::Tensor>> lists(steps_list + 1);
+        lists[detail::AdamList::kParam] = bucket.params;
+        lists[detail::AdamList::kGrad] = bucket.grads;
+        lists[detail::AdamList::kExpAvg] = std::move(exp_avg);
+        lists[detail::AdamList::kExpAvgSq] = std::move(exp_avg_sq);
         if (o.amsgrad()) {
-          lists.push_back(max_exp_avg_sq);
+          lists[detail::AdamList::kMaxExpAvgSq] = std::move(max_exp_avg_sq);
         }
-        lists.push_back(steps);
+        lists[steps_list] = std::move(steps);
         detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
       });
   return loss;

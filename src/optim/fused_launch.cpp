@@ -1,9 +1,6 @@
 #include "optim/fused_launch.h"
 
-#include "cpu/fused_optim_kernels.h"
-#ifdef LUCID_AMP_WITH_CUDA
-#include "cuda/cuda_backend.h"
-#endif
+#include "optim/fused_backend.h"
 
 #include <c10/util/Exception.h>
 
@@ -65,47 +62,27 @@ std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
 
 namespace {
 
-// The CPU kernels read scale and flag on the host: free for CPU tensors; a device flag
-// with CPU parameters (a model split over devices) has to come over once.
-bool skipped_on_host(const at::Tensor& found_inf) {
-  return found_inf.defined() && found_inf.to(at::kCPU).item<float>() != 0.0f;
-}
-
-double inv_scale_on_host(const at::Tensor& scale) {
-  return scale.defined() ? 1.0 / static_cast<double>(scale.to(at::kCPU).item<float>()) : 1.0;
+// The table for the bucket's device. bucket_group has refused every device other than
+// the CPU and CUDA, and lucid-amp is built with its CUDA kernels whenever its LibTorch
+// has CUDA, so a missing table is an internal error.
+const FusedOptimBackend& backend_for(const Bucket& bucket) {
+  const FusedOptimBackend* table = find_fused_backend(bucket.device.type());
+  TORCH_INTERNAL_ASSERT(table != nullptr, "lucid-amp has no fused optimizer kernels for ",
+                        bucket.device, " in this build");
+  return *table;
 }
 
 }  // namespace
 
 void launch_adam(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                  const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
-  if (bucket.device.is_cpu()) {
-    if (!skipped_on_host(found_inf)) {
-      cpu::fused_adam_(lists, hyper, inv_scale_on_host(scale));
-    }
-  } else {
-#ifdef LUCID_AMP_WITH_CUDA
-    amp::cuda::fused_adam_(lists, hyper, scale, found_inf);
-#else
-    TORCH_INTERNAL_ASSERT(false, "CUDA tensor in a lucid-amp build without CUDA");
-#endif
-  }
+  backend_for(bucket).adam_(lists, hyper, scale, found_inf);
   bucket.write_back();
 }
 
 void launch_sgd(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                 const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
-  if (bucket.device.is_cpu()) {
-    if (!skipped_on_host(found_inf)) {
-      cpu::fused_sgd_(lists, hyper, inv_scale_on_host(scale));
-    }
-  } else {
-#ifdef LUCID_AMP_WITH_CUDA
-    amp::cuda::fused_sgd_(lists, hyper, scale, found_inf);
-#else
-    TORCH_INTERNAL_ASSERT(false, "CUDA tensor in a lucid-amp build without CUDA");
-#endif
-  }
+  backend_for(bucket).sgd_(lists, hyper, scale, found_inf);
   bucket.write_back();
 }
 

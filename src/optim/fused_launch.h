@@ -2,7 +2,7 @@
 
 // Internal: what every fused optimizer's step() shares: the closure, gathering each
 // parameter group into per-device, per-dtype buckets, fetching or making per-parameter
-// state, and routing one launch to the CPU or CUDA kernel.
+// state, and routing one launch to its device's table (fused_backend.h).
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "compat/torch_compat.h"
-#include "optim/fused_hyper.h"
+#include "optim/fused_kernel_params.h"
 
 namespace lucid {
 namespace optim {
@@ -35,8 +35,8 @@ struct Bucket {
 std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
                                  const char* optimizer_name);
 
-// One launch over a bucket's lists (kernels' order, step counters last); `scale` and
-// `found_inf` as in ScalerAware::set_grad_scaling.
+// One launch over a bucket's lists (AdamList / SgdList order, step counters last) on the
+// bucket's device's table; `scale` and `found_inf` as in ScalerAware::set_grad_scaling.
 void launch_adam(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                  const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
 void launch_sgd(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,

@@ -85,11 +85,14 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
           }
           steps.push_back(s.step());
         }
-        std::vector<std::vector<at::Tensor>> lists{bucket.params, bucket.grads};
+        const int steps_list = momentum ? detail::SgdList::kStepsMomentum : detail::SgdList::kSteps;
+        std::vector<std::vector<at::Tensor>> lists(steps_list + 1);
+        lists[detail::SgdList::kParam] = bucket.params;
+        lists[detail::SgdList::kGrad] = bucket.grads;
         if (momentum) {
-          lists.push_back(buffers);
+          lists[detail::SgdList::kMomentumBuffer] = std::move(buffers);
         }
-        lists.push_back(steps);
+        lists[steps_list] = std::move(steps);
         detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
       });
   return loss;

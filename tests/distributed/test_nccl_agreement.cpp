@@ -12,15 +12,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <filesystem>
 #include <limits>
 #include <string>
 
-#include "../support/remove_tree.h"
+#include "../support/scratch_dir.h"
 
 namespace {
-
-namespace fs = std::filesystem;
 
 class Nccl : public ::testing::Test {
  protected:
@@ -28,19 +25,11 @@ class Nccl : public ::testing::Test {
     if (!torch::cuda::is_available()) {
       GTEST_SKIP() << "no GPU";
     }
-    std::string pattern = (fs::temp_directory_path() / "lucid_nccl_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    store_ = lucid::distributed::make_file_store((dir_ / "store").string(), 1, std::chrono::seconds(30));
+    store_ = lucid::distributed::make_file_store(dir_.file("store"), 1, std::chrono::seconds(30));
     group_ = lucid::distributed::make_nccl_group(store_, 0, 1);
   }
-  void TearDown() override {
-    group_.reset();
-    store_.reset();
-    lucid_test::remove_tree(dir_.string());
-  }
   torch::Device gpu{torch::kCUDA, 0};
-  fs::path dir_;
+  lucid_test::ScratchDir dir_{"lucid_nccl"};  // before the store and group: they go first
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
 };

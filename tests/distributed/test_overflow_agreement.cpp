@@ -7,8 +7,11 @@
 
 #include <lucid/distributed.h>
 
-#include "spawn.h"
+#include "../support/expect_throws.h"
+#include "../support/rank_launcher.h"
+#include "../support/scratch_dir.h"
 #include "training_fixture.h"
+#include "worker.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,42 +19,20 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "../support/remove_tree.h"
-
 namespace {
 
-namespace fs = std::filesystem;
 using lucid_test::Ownership;
 using lucid_test::RankExit;
 using lucid_test::RunRecord;
 
 using lucid_test::kAgreementError;
 
-// A scratch directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "lucid_dist_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) {
-      throw std::runtime_error("mkdtemp failed");
-    }
-    path_ = pattern;
-  }
-  ~TempDir() {
-    lucid_test::remove_tree(path_.string());
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using lucid_test::ScratchDir;
 
 struct RunConfig {
   int world = 2;
@@ -103,7 +84,7 @@ class RanksRun {
       }
       args.push_back(a);
     }
-    lucid_test::Ranks ranks(LUCID_DISTRIBUTED_WORKER, args);
+    lucid_test::Ranks ranks(LUCID_DISTRIBUTED_WORKER, args, lucid_test::worker_main);
     exits_ = ranks.wait(deadline_s);
   }
 
@@ -145,14 +126,14 @@ class RanksRun {
 
  private:
   RunConfig config_;
-  TempDir dir_;
+  ScratchDir dir_{"lucid_dist"};
   std::vector<RankExit> exits_;
   mutable int64_t all_reduces_ = 0;
 };
 
 void expect_all_succeeded(const RanksRun& run) {
   for (const auto& e : run.exits()) {
-    ASSERT_TRUE(e.exited && e.code == 0) << run.describe();
+    ASSERT_TRUE(e.succeeded()) << run.describe();
   }
 }
 
@@ -327,20 +308,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 TEST(StoreFailure, AnUnreachableTcpStoreFailsWithinTheTimeout) {
   const int port = free_port();
   const auto start = std::chrono::steady_clock::now();
-  const std::string message = error_of([&] {
+  const std::string message = lucid_test::message_of([&] {
     lucid::distributed::make_tcp_store("127.0.0.1", static_cast<uint16_t>(port), 2,
                                        /*is_server=*/false, std::chrono::milliseconds(1000));
   });
@@ -355,11 +326,11 @@ TEST(StoreFailure, ARankThatNeverJoinsFailsTheRendezvousWithinTheTimeout) {
   if (!lucid::distributed::has_gloo()) {
     GTEST_SKIP() << "built without Gloo";
   }
-  TempDir dir;
+  ScratchDir dir("lucid_dist");
   auto store = lucid::distributed::make_file_store((dir.path() / "store").string(), 2,
                                                    std::chrono::milliseconds(1000));
   const auto start = std::chrono::steady_clock::now();
-  const std::string message = error_of([&] {
+  const std::string message = lucid_test::message_of([&] {
     lucid::distributed::make_gloo_group(
         store, 0, 2,
         lucid::distributed::GroupOptions().timeout(std::chrono::milliseconds(1000)).gloo_hostname("127.0.0.1"));
@@ -381,7 +352,7 @@ class SingleRank : public ::testing::Test {
     group_ = lucid::distributed::make_gloo_group(
         store_, 0, 1, lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
   }
-  TempDir dir_;
+  ScratchDir dir_{"lucid_dist"};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
 };
@@ -420,36 +391,32 @@ TEST_F(SingleRank, BindingAScalerRunsOneAllReducePerOptimizerStep) {
 TEST_F(SingleRank, RejectsAFlagThatIsNotOneFloat32Element) {
   lucid::distributed::OverflowAgreement agreement(group_);
   torch::Tensor wrong = torch::zeros({2});
-  EXPECT_NE(error_of([&] { agreement.agree_(wrong); }).find("expects a 1-element float32 overflow flag"),
+  EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(wrong); }).find("expects a 1-element float32 overflow flag"),
             std::string::npos);
   torch::Tensor dbl = torch::zeros({}, torch::kDouble);
-  EXPECT_NE(error_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"), std::string::npos);
+  EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"), std::string::npos);
   EXPECT_EQ(agreement.all_reduces(), 0);
 }
 
 TEST(OverflowAgreementOptionsTest, RejectsANullGroupAndANonPositiveTimeout) {
   EXPECT_THROW(lucid::distributed::OverflowAgreement(c10::intrusive_ptr<c10d::ProcessGroup>()),
                c10::ValueError);
-  TempDir dir;
+  ScratchDir dir("lucid_dist");
   if (!lucid::distributed::has_gloo()) {
     GTEST_SKIP() << "built without Gloo";
   }
   auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 1, std::chrono::seconds(5));
   auto group = lucid::distributed::make_gloo_group(store, 0, 1,
                                                    lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
-  try {
+  EXPECT_TRUE(lucid_test::ThrowsValueError("timeout must be > 0 ms, got 0 ms", [&] {
     lucid::distributed::OverflowAgreement(
         group, lucid::distributed::OverflowAgreementOptions().timeout(std::chrono::milliseconds(0)));
-    FAIL() << "expected c10::ValueError";
-  } catch (const c10::ValueError& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("timeout must be > 0 ms, got 0 ms"),
-              std::string::npos);
-  }
+  }));
 }
 
 TEST(GroupFactories, RejectBadRanksAndMissingBackends) {
   EXPECT_THROW(lucid::distributed::make_file_store("/tmp/x", 0, std::chrono::seconds(1)), c10::ValueError);
-  TempDir dir;
+  ScratchDir dir("lucid_dist");
   auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 2, std::chrono::seconds(1));
   EXPECT_THROW(lucid::distributed::make_gloo_group(store, 2, 2), c10::ValueError);
   if (!lucid::distributed::has_nccl()) {

@@ -1,4 +1,4 @@
-// One rank of a distributed test run: a real process, started by the tests (spawn.h,
+// One rank of a distributed test run: a real process, started by the tests (support/rank_launcher.h,
 // which forks and calls worker_main, or execs lucid_distributed_worker), meeting its
 // peers over a c10d FileStore (or TCPStore) with Gloo on loopback. It trains
 // the run of training_fixture.h on its slice of the global batch and writes what it saw

@@ -12,7 +12,7 @@
 #include "report.h"
 #include "trainer.h"
 
-#include "../support/remove_tree.h"
+#include "../support/scratch_dir.h"
 
 namespace fs = std::filesystem;
 using namespace lucid::trainer;
@@ -40,8 +40,8 @@ TEST(EndToEnd, AccuracyRisesOnASubsetOfFashionMnist) {
 
 TEST(EndToEnd, ProgramWritesTableCsvAndPlot) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
-  const fs::path out = fs::temp_directory_path() / "lucid_trainer_e2e";
-  lucid_test::remove_tree(out.string());
+  const lucid_test::ScratchDir scratch("lucid_trainer_e2e");
+  const fs::path& out = scratch.path();
   CliOptions o;
   o.compare = true;
   o.modes = {Precision::kFp32, Precision::kFp16Scaled};
@@ -61,5 +61,4 @@ TEST(EndToEnd, ProgramWritesTableCsvAndPlot) {
   if (o.plot) {
     EXPECT_GT(fs::file_size(out / "train_curves.png"), 1000u);
   }
-  lucid_test::remove_tree(out.string());
 }

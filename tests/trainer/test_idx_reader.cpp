@@ -7,18 +7,18 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
-#include "../support/remove_tree.h"
+#include "../support/expect_throws.h"
+#include "../support/scratch_dir.h"
 #include "idx_reader.h"
 
-namespace fs = std::filesystem;
 using lucid::trainer::load_fashion_mnist;
 using lucid::trainer::load_idx_pair;
 using lucid::trainer::read_idx;
+using lucid_test::message_of;
 
 namespace {
 
@@ -34,39 +34,20 @@ std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims, const std::vec
 
 class IdxFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("lucid_idx_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::error_code error;  // NOTE: [std::filesystem and PyTorch's libtorch.so]
-    fs::create_directories(dir_, error);
-    ASSERT_FALSE(error) << error.message();
-  }
-  void TearDown() override { lucid_test::remove_tree(dir_.string()); }
-
   std::string write_plain(const std::string& name, const std::vector<uint8_t>& bytes) {
-    const auto p = (dir_ / name).string();
+    const auto p = dir_.file(name);
     std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
                                              static_cast<std::streamsize>(bytes.size()));
     return p;
   }
   std::string write_gz(const std::string& name, const std::vector<uint8_t>& bytes) {
-    const auto p = (dir_ / name).string();
+    const auto p = dir_.file(name);
     gzFile f = gzopen(p.c_str(), "wb");
     gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
     gzclose(f);
     return p;
   }
-  static std::string message_of(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const c10::Error& e) {
-      return e.what_without_backtrace();
-    }
-    return "(no exception)";
-  }
-
-  fs::path dir_;
+  lucid_test::ScratchDir dir_{"lucid_idx"};
 };
 
 std::vector<uint8_t> pixels(size_t n) {
@@ -136,7 +117,7 @@ TEST_F(IdxFiles, TrailingBytesAreRefused) {
 }
 
 TEST_F(IdxFiles, MissingFileIsRefused) {
-  const auto msg = message_of([&] { read_idx((dir_ / "nothing.gz").string()); });
+  const auto msg = message_of([&] { read_idx(dir_.file("nothing.gz")); });
   EXPECT_NE(msg.find("cannot open IDX file"), std::string::npos) << msg;
 }
 
@@ -165,7 +146,7 @@ TEST_F(IdxFiles, PairChecksShapesCountsAndLabels) {
 }
 
 TEST_F(IdxFiles, MissingDataSetNamesThePackage) {
-  const auto msg = message_of([&] { load_fashion_mnist(dir_.string()); });
+  const auto msg = message_of([&] { load_fashion_mnist(dir_.path().string()); });
   EXPECT_NE(msg.find("Fashion-MNIST not found"), std::string::npos) << msg;
   EXPECT_NE(msg.find("apt-get install dataset-fashion-mnist"), std::string::npos) << msg;
 }

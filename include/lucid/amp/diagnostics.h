@@ -87,6 +87,15 @@ struct ScalerCounters {
   /// Consecutive overflowing updates up to the last one (0 after a clean update). A
   /// streak that keeps rising means every step is being skipped.
   int64_t overflow_streak = 0;
+  /// update() calls with no overflow check since the last one (no optimizer had a
+  /// gradient): not evidence of a clean step, so the scale and its growth tracker stayed.
+  /// Not counted in overflow_updates or growths; a streak is left as it was.
+  int64_t updates_without_checks = 0;
+  /// step() calls of an optimizer that had no gradient at all.
+  int64_t steps_without_gradients = 0;
+  /// Backoffs that would have gone below min_scale and held it instead
+  /// (MinScalePolicy::kClamp); counted in backoffs too.
+  int64_t min_scale_holds = 0;
 };
 
 /// What a backoff callback receives, once per backoff, after update() has applied it.

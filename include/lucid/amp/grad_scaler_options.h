@@ -13,6 +13,28 @@
 namespace lucid {
 namespace amp {
 
+/// What a backoff below GradScalerOptions::min_scale does.
+enum class MinScalePolicy {
+  /// Throw c10::Error ("the loss is diverging") and apply nothing: DeepSpeed's
+  /// `raise_error_at_min_scale=True`.
+  kThrow,
+  /// Hold the scale at min_scale and keep skipping the overflowing steps, counted in
+  /// ScalerCounters::min_scale_holds: Megatron-LM's DynamicGradScaler, metaseq, and
+  /// DeepSpeed's `raise_error_at_min_scale=False`.
+  kClamp,
+};
+
+/// When the hysteresis count (GradScalerOptions::hysteresis) is refilled.
+enum class HysteresisRefill {
+  /// Only when the scale grows: Megatron-LM's DynamicGradScaler and DeepSpeed's
+  /// DynamicLossScaler with its default `consecutive_hysteresis=False`. Overflows separated
+  /// by clean updates still use up the count.
+  kOnGrowth,
+  /// On every clean update: DeepSpeed's `consecutive_hysteresis=True`. Only an unbroken run
+  /// of `hysteresis` overflowing updates backs off.
+  kOnCleanUpdate,
+};
+
 /// Options of a GradScaler; validated once, by the GradScaler constructor.
 struct GradScalerOptions {
   /// Initial loss scale: finite and > 0.
@@ -30,10 +52,14 @@ struct GradScalerOptions {
   /// refused), and step() returns the optimizer's value even when the update was skipped.
   /// Lets a whole training step be captured in a CUDA graph. Off: PyTorch's behaviour.
   TORCH_ARG(bool, graph_safe) = false;
-  /// Guard (0 = off): the smallest scale allowed. A backoff that would take the scale
-  /// below it throws c10::Error ("the loss is diverging") and changes nothing, instead of
-  /// skipping every step while the scale collapses. Finite, >= 0, <= init_scale.
+  /// Guard (0 = off): the smallest scale allowed. What a backoff below it does is
+  /// `min_scale_policy`. Finite, >= 0, <= init_scale. With the guard off, a backoff still
+  /// never takes the scale below float32's smallest normal value (about 1.18e-38): past
+  /// that, 0 times the loss and then 1/0 in the unscale would skip every later step.
   TORCH_ARG(double, min_scale) = 0.0;
+  /// What a backoff below min_scale does: throw and apply nothing (default), or hold the
+  /// scale at min_scale.
+  TORCH_ARG(MinScalePolicy, min_scale_policy) = MinScalePolicy::kThrow;
   /// Guard (+inf = off): growth stops at this scale (clamped on the device). > 0, at most
   /// float32's largest value (or +inf), >= init_scale and >= min_scale.
   TORCH_ARG(double, max_scale) = std::numeric_limits<double>::infinity();
@@ -41,6 +67,22 @@ struct GradScalerOptions {
   /// (Megatron-LM's and DeepSpeed's hysteresis); the overflowing steps are still skipped.
   /// In [1, 2147483647].
   TORCH_ARG(int64_t, hysteresis) = 1;
+  /// When the hysteresis count is refilled (only matters with hysteresis > 1).
+  TORCH_ARG(HysteresisRefill, hysteresis_refill) = HysteresisRefill::kOnGrowth;
+  /// After this many consecutive overflowing updates (each skipped its steps), one
+  /// warning through LibTorch's warning handler (TORCH_WARN) with the overflow report;
+  /// once per streak. 0 = never. >= 0.
+  TORCH_ARG(int64_t, overflow_warning_streak) = 100;
+  /// Guard (0 = off): the update that would make this many consecutive overflowing
+  /// updates throws c10::Error with the overflow report and applies nothing. >= 0.
+  TORCH_ARG(int64_t, max_overflow_streak) = 0;
+  /// Opt-in: raise PyTorch's errors instead of counting: step() of an optimizer whose
+  /// gradients were never checked (none defined) throws "No inf checks were recorded for
+  /// this optimizer.", update() with no check since the last one throws "No inf checks
+  /// were recorded prior to update."; both c10::Error, changing nothing. Off: such a step
+  /// runs and an update leaves the scale and its growth tracker as they are, both counted
+  /// (ScalerCounters::steps_without_gradients, updates_without_checks).
+  TORCH_ARG(bool, strict_inf_checks) = false;
 };
 
 /// Where one optimizer is in the current iteration: ready -> unscaled -> stepped, and

@@ -16,7 +16,7 @@
 // CRCs) and passes on whatever LibTorch throws (c10::Error, torch::jit::ErrorReport); a
 // corrupt TorchScript record can even crash LibTorch 1.13's importer. NOTE: [Archive
 // integrity] in src/amp/archive_check.cpp.
-// The format (version 1) is described in src/amp/serialize.cpp.
+// The format is described in src/amp/serialize.cpp (NOTE: [GradScaler archive format]).
 
 #include <lucid/amp/grad_scaler.h>
 
@@ -29,7 +29,7 @@ namespace amp {
 /// The archive key GradScaler::save writes under.
 constexpr const char* kGradScalerArchiveKey = "lucid_amp_grad_scaler";
 /// The format version GradScaler::save writes; load() reads versions 1..this.
-constexpr int64_t kGradScalerArchiveVersion = 1;
+constexpr int64_t kGradScalerArchiveVersion = 2;
 
 /// Writes `scaler` into `archive` (GradScaler::save); makes torch::save(scaler, ...) work.
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,

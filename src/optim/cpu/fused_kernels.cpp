@@ -1,4 +1,4 @@
-#include "cpu/fused_optim_kernels.h"
+#include "optim/cpu/fused_kernels.h"
 
 #include <ATen/Parallel.h>
 
@@ -8,6 +8,9 @@ namespace lucid {
 namespace optim {
 namespace cpu {
 namespace {
+
+using detail::AdamList;
+using detail::SgdList;
 
 // Work items of at most this many elements, so one large tensor and many small ones
 // both spread over ATen's threads.
@@ -36,8 +39,8 @@ T* ptr(const std::vector<std::vector<at::Tensor>>& lists, size_t list, size_t t)
 template <typename T>
 void adam_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail::AdamHyper& h,
                 double inv_scale) {
-  const size_t steps_list = lists.size() - 1;
-  const auto& params = lists[0];
+  const size_t steps_list = h.amsgrad ? AdamList::kStepsAmsgrad : AdamList::kSteps;
+  const auto& params = lists[AdamList::kParam];
   const T inv = static_cast<T>(inv_scale);
   const std::vector<Item> items = chunk(params);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
@@ -48,11 +51,11 @@ void adam_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail:
       const T step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, step)));
       const T sqrt_bc2 = static_cast<T>(std::sqrt(1.0 - std::pow(h.beta2, step)));
       const T decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
-      T* p = ptr<T>(lists, 0, it.tensor);
-      const T* g = ptr<T>(lists, 1, it.tensor);
-      T* m = ptr<T>(lists, 2, it.tensor);
-      T* v = ptr<T>(lists, 3, it.tensor);
-      T* vmax = h.amsgrad ? ptr<T>(lists, 4, it.tensor) : nullptr;
+      T* p = ptr<T>(lists, AdamList::kParam, it.tensor);
+      const T* g = ptr<T>(lists, AdamList::kGrad, it.tensor);
+      T* m = ptr<T>(lists, AdamList::kExpAvg, it.tensor);
+      T* v = ptr<T>(lists, AdamList::kExpAvgSq, it.tensor);
+      T* vmax = h.amsgrad ? ptr<T>(lists, AdamList::kMaxExpAvgSq, it.tensor) : nullptr;
       for (int64_t k = it.begin; k < it.end; ++k) {
         T pk = p[k], gk = g[k] * inv;
         if (h.weight_decay != 0) {
@@ -81,17 +84,17 @@ void adam_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail:
 template <typename T>
 void sgd_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail::SgdHyper& h,
                double inv_scale) {
-  const size_t steps_list = lists.size() - 1;
   const bool momentum = h.momentum != 0;
+  const size_t steps_list = momentum ? SgdList::kStepsMomentum : SgdList::kSteps;
   const T inv = static_cast<T>(inv_scale);
-  const std::vector<Item> items = chunk(lists[0]);
+  const std::vector<Item> items = chunk(lists[SgdList::kParam]);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const Item& it = items[i];
       const bool first = *ptr<float>(lists, steps_list, it.tensor) == 0.0f;
-      T* p = ptr<T>(lists, 0, it.tensor);
-      const T* g = ptr<T>(lists, 1, it.tensor);
-      T* buf = momentum ? ptr<T>(lists, 2, it.tensor) : nullptr;
+      T* p = ptr<T>(lists, SgdList::kParam, it.tensor);
+      const T* g = ptr<T>(lists, SgdList::kGrad, it.tensor);
+      T* buf = momentum ? ptr<T>(lists, SgdList::kMomentumBuffer, it.tensor) : nullptr;
       for (int64_t k = it.begin; k < it.end; ++k) {
         T d = g[k] * inv;
         if (h.weight_decay != 0) d = d + static_cast<T>(h.weight_decay) * p[k];
@@ -118,7 +121,7 @@ void increment_steps(const std::vector<at::Tensor>& steps) {
 
 void fused_adam_(const std::vector<std::vector<at::Tensor>>& lists,
                  const detail::AdamHyper& hyper, double inv_scale) {
-  if (lists[0].front().scalar_type() == at::kDouble) {
+  if (lists[AdamList::kParam].front().scalar_type() == at::kDouble) {
     adam_typed<double>(lists, hyper, inv_scale);
   } else {
     adam_typed<float>(lists, hyper, inv_scale);
@@ -128,7 +131,7 @@ void fused_adam_(const std::vector<std::vector<at::Tensor>>& lists,
 
 void fused_sgd_(const std::vector<std::vector<at::Tensor>>& lists,
                 const detail::SgdHyper& hyper, double inv_scale) {
-  if (lists[0].front().scalar_type() == at::kDouble) {
+  if (lists[SgdList::kParam].front().scalar_type() == at::kDouble) {
     sgd_typed<double>(lists, hyper, inv_scale);
   } else {
     sgd_typed<float>(lists, hyper, inv_scale);

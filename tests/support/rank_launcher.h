@@ -1,26 +1,29 @@
 #pragma once
 
-// Starting ranks as real processes and waiting for them with a deadline: a rank still
-// running at the deadline is killed and reported, so a hang fails the test instead of
-// stalling the suite.
+// Starting ranks as real processes and waiting for them, with an optional deadline: a rank
+// still running at the deadline is killed and reported, so a hang fails a test instead of
+// stalling the suite. Every program of this repository that starts its own ranks (the
+// distributed tests, bench_agreement, the data_parallel example) starts them here.
 //
-// A rank is a fork() of the test process that runs worker_main and _exits: it skips
+// A rank is a fork + exec of `exe` with its argument list. A caller that can run a rank
+// in-process (the distributed tests: worker_main) may pass that function instead: the
+// rank is then a fork of the calling process that calls it and _exits, which skips
 // LibTorch's start-up (about a second per process on a loaded 2-core machine, which would
 // make a 4-rank run take 8 s). fork() without exec is only safe while the parent has a
-// single thread (no Gloo group alive, no OpenMP pool), which is checked first; otherwise
-// each rank is a fork + exec of the lucid_distributed_worker executable instead (also
-// when LUCID_TEST_EXEC_RANKS is set).
+// single thread (no Gloo group alive, no OpenMP pool), which is checked first; otherwise,
+// and whenever LUCID_TEST_EXEC_RANKS is set, the rank is a fork + exec after all.
+//
+// Uses no GoogleTest, so that programs other than tests can include it.
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "worker.h"
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -46,15 +49,24 @@ struct RankExit {
   int signal = 0;         // the signal that ended it otherwise
   bool killed_at_deadline = false;
   double seconds = 0.0;   // from spawn to exit
+
+  // Ended by itself with status 0.
+  bool succeeded() const { return exited && code == 0; }
 };
 
 class Ranks {
  public:
-  // Starts one rank per argument list: worker_main(exe, arg...) in a fork of this
-  // process, or `exe arg...` when this process has threads.
-  Ranks(const std::string& exe, const std::vector<std::vector<std::string>>& args)
+  // A rank's main function, for a rank run in a fork of this process.
+  using Main = int (*)(int argc, char** argv);
+  static constexpr double kNoDeadline = std::numeric_limits<double>::infinity();
+
+  // Starts one rank per argument list: `exe arg...` (argv[0] is `exe`), or
+  // in_process(argc, argv) with that argv in a fork of this process (see above).
+  Ranks(const std::string& exe, const std::vector<std::vector<std::string>>& args,
+        Main in_process = nullptr)
       : start_(std::chrono::steady_clock::now()) {
-    const bool fork_only = thread_count() == 1 && std::getenv("LUCID_TEST_EXEC_RANKS") == nullptr;
+    const bool fork_only = in_process != nullptr && thread_count() == 1 &&
+                           std::getenv("LUCID_TEST_EXEC_RANKS") == nullptr;
     std::fflush(stdout);
     std::fflush(stderr);
     for (const auto& list : args) {
@@ -72,7 +84,7 @@ class Ranks {
       }
       if (pid == 0) {
         if (fork_only) {
-          _exit(worker_main(static_cast<int>(strings.size()), argv.data()));
+          _exit(in_process(static_cast<int>(strings.size()), argv.data()));
         }
         execv(exe.c_str(), argv.data());
         _exit(127);
@@ -94,7 +106,7 @@ class Ranks {
   }
 
   // Waits for every rank until `deadline_s` after the spawn; kills the rest then.
-  std::vector<RankExit> wait(double deadline_s) {
+  std::vector<RankExit> wait(double deadline_s = kNoDeadline) {
     std::vector<RankExit> exits(pids_.size());
     size_t running = pids_.size();
     while (running > 0) {

@@ -1,6 +1,6 @@
 #pragma once
 
-// CPU fused optimizer kernels: the twins of the CUDA ones (src/cuda/multi_tensor_kernels.cu),
+// CPU fused optimizer kernels: the twins of the CUDA ones (src/optim/cuda/fused_kernels.cuh),
 // same formulas in the same order. Unchecked on purpose: src/optim/ owns the
 // preconditions: all tensors on the CPU, contiguous, of one dtype (float32 or float64)
 // per launch except the step counters (float32, 0-dim).
@@ -9,18 +9,21 @@
 
 #include <vector>
 
-#include "optim/fused_hyper.h"
+#include "optim/fused_kernel_params.h"
 
 namespace lucid {
 namespace optim {
 namespace cpu {
 
-// lists: params, grads, exp_avg, exp_avg_sq, [max_exp_avg_sq], steps. Gradients are
-// multiplied by inv_scale; the caller skips the call when the step must be skipped.
+// One Adam/AdamW step, then the step counters incremented.
+// Args:
+//   lists:     in detail::AdamList order, step counters last (bucket_group's checks).
+//   inv_scale: gradients are multiplied by it; the caller skips the call when the step
+//              must be skipped.
 void fused_adam_(const std::vector<std::vector<at::Tensor>>& lists,
                  const detail::AdamHyper& hyper, double inv_scale);
 
-// lists: params, grads, [momentum_buffer], steps.
+// One SGD step over lists in detail::SgdList order, step counters last. Args as above.
 void fused_sgd_(const std::vector<std::vector<at::Tensor>>& lists,
                 const detail::SgdHyper& hyper, double inv_scale);
 

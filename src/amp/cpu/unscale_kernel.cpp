@@ -2,7 +2,7 @@
 //
 // NOTE: [CPU unscale kernel]
 // The pass is memory-bound: each gradient element is read once and written once, so the
-// goal is the bandwidth of a plain copy_ of the same bytes. Three choices get there:
+// goal is the bandwidth of a plain copy_ of the same bytes. Four choices get there:
 //  * Work is cut into fixed chunks across all tensors, so one huge tensor and many
 //    small ones both spread evenly over ATen's thread pool (at::parallel_for).
 //  * The finiteness test is integer arithmetic on the bits (exponent all ones) ORed
@@ -14,7 +14,7 @@
 //    even with integer ops, once, as c10::BFloat16 rounds.
 // Each thread keeps its own flag and publishes it once, so threads never share a line.
 
-#include "cpu/amp_kernels.h"
+#include "amp/cpu/amp_kernels.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,4 +1,6 @@
-#include "generic/amp_ops.h"
+#include "amp/generic/amp_ops.h"
+
+#include "amp/backend.h"
 
 #include <cmath>
 
@@ -40,9 +42,20 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
   }
 }
 
+namespace {
+
+// scale * backoff_factor, never below detail::kScaleFloor (nor below a smaller scale).
+at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
+  const at::Tensor floor =
+      at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
+  return at::maximum(scale * backoff_factor, floor);
+}
+
+}  // namespace
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // Same decisions as cpu::next_scale_state, written as selects on the device. The
+  // Same decisions as detail::next_scale_state, written as selects on the device. The
   // products are float32 (no float64 on MPS): with power-of-two factors, the defaults,
   // identical to the CPU and CUDA schedule; with others they may differ in the last bit.
   const at::Tensor found = found_inf.ne(0);
@@ -51,7 +64,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
   const at::Tensor grown = scale * growth_factor;
   const at::Tensor grown_ok = grow.logical_and(grown.isfinite());
   const at::Tensor new_scale =
-      at::where(found, scale * backoff_factor, at::where(grown_ok, grown, scale));
+      at::where(found, backed_off(scale, backoff_factor), at::where(grown_ok, grown, scale));
   const at::Tensor new_tracker =
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
   scale.copy_(new_scale);
@@ -61,28 +74,37 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
 void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
-                           int64_t hysteresis, double max_scale) {
-  // cpu::next_scale_state with guards, as selects on the device (no host sync).
+                           const detail::ScaleGuards& guards) {
+  // detail::next_scale_state with guards, as selects on the device (no host sync).
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
   const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
   at::Tensor grown = scale * growth_factor;
   grown = at::where(grown.isfinite(), grown, scale);
-  if (std::isfinite(max_scale)) {
-    grown = at::minimum(grown, at::full({}, static_cast<float>(max_scale), scale.options()));
+  if (std::isfinite(guards.max_scale)) {
+    grown = at::minimum(grown, at::full({}, guards.max_scale, scale.options()));
   }
   const at::Tensor next_overflow = overflow_tracker + 1;
-  const at::Tensor absorb = found.logical_and(next_overflow.lt(hysteresis));
+  const at::Tensor absorb = found.logical_and(next_overflow.lt(guards.hysteresis));
   const at::Tensor backoff = found.logical_and(absorb.logical_not());
   const at::Tensor new_scale =
-      at::where(backoff, scale * backoff_factor, at::where(grow, grown, scale));
+      at::where(backoff, backed_off(scale, backoff_factor), at::where(grow, grown, scale));
   const at::Tensor new_tracker =
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
+  // Absorbed: one more; backed off: kept; grown: refilled; other clean updates: refilled
+  // only in the consecutive mode.
+  const at::Tensor refill = guards.refill_on_clean ? found.logical_not() : grow;
   const at::Tensor new_overflow = at::where(
-      absorb, next_overflow, at::where(found, overflow_tracker, at::zeros_like(overflow_tracker)));
+      absorb, next_overflow, at::where(refill, at::zeros_like(overflow_tracker), overflow_tracker));
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
   overflow_tracker.copy_(new_overflow);
+}
+
+const AmpBackend& amp_backend() {
+  static const AmpBackend table{"generic", unscale_and_check_, check_finite_, update_scale_,
+                                update_scale_guarded_};
+  return table;
 }
 
 }  // namespace generic

@@ -1,0 +1,74 @@
+#pragma once
+
+// Internal: the one interface every device's loss-scaling kernels implement, and the
+// registry that routing (kernel_routing.cpp) asks for them. Each device folder defines
+// one table: src/amp/cpu, src/amp/cuda (CUDA builds only), src/amp/generic (ATen ops, for
+// every device without a table of its own, and for whatever a table does not take).
+
+#include "amp/scale_rule.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace lucid {
+namespace amp {
+
+// The entry points of one device's kernels. The same signatures on every device;
+// unchecked on purpose: kernel_routing.cpp owns the preconditions of kernel_routing.h
+// and hands a table only what that table takes (below).
+struct AmpBackend {
+  const char* name;
+
+  // Multiplies every gradient by 1/scale in place; raises `found_inf` to 1 when any
+  // unscaled value is non-finite.
+  // Args:
+  //   grads:     non-empty; dense tensors of this table's device type (one device), each
+  //              non-overlapping and dense for a device table (any layout for generic);
+  //              float32, float64 or bfloat16, mixed allowed.
+  //   scale:     float32, 0-dim, any device.
+  //   found_inf: float32, 0-dim, any device; only ever raised.
+  void (*unscale_and_check_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                             at::Tensor& found_inf);
+
+  // The read-only twin: raises `found_inf` when any gradient times 1/scale is
+  // non-finite. `scale` may be undefined (multiply by 1). Args as above.
+  void (*check_finite_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                        at::Tensor& found_inf);
+
+  // One step of the sawtooth (detail::next_scale_state with guards off).
+  // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
+  // one device of this table's device type.
+  void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker,
+                        const at::Tensor& found_inf, double growth_factor,
+                        double backoff_factor, int64_t growth_interval);
+
+  // The same with guards (hysteresis and its refill mode, max_scale;
+  // detail::next_scale_state); overflow_tracker: int32, 0-dim, beside `scale`.
+  void (*update_scale_guarded_)(at::Tensor& scale, at::Tensor& growth_tracker,
+                                at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                                double growth_factor, double backoff_factor,
+                                int64_t growth_interval, const detail::ScaleGuards& guards);
+};
+
+// The table registered for `type`, or null: the caller then uses generic_amp_backend().
+// The registry is filled once, on first use, and never changes.
+const AmpBackend* find_amp_backend(c10::DeviceType type);
+
+// The generic table (ATen operations): any device, any layout.
+const AmpBackend& generic_amp_backend();
+
+// Each device folder's table. cuda::amp_backend() exists in CUDA builds only.
+namespace cpu {
+const AmpBackend& amp_backend();
+}  // namespace cpu
+namespace cuda {
+const AmpBackend& amp_backend();
+}  // namespace cuda
+namespace generic {
+const AmpBackend& amp_backend();
+}  // namespace generic
+
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,48 @@
+// The CPU table of the backend interface (amp/backend.h): adapts the CPU kernels, which
+// take 1/scale as a host double and return the overflow as a bool, to the table's
+// tensor signatures.
+
+#include "amp/backend.h"
+#include "amp/cpu/amp_kernels.h"
+
+namespace lucid {
+namespace amp {
+namespace cpu {
+namespace {
+
+// 1/scale on the host, or 1 when `scale` is undefined (the check of gradients already
+// unscaled). Reading a CPU scale is no synchronisation; a device scale with CPU
+// gradients (a model split over devices) has to come to the host once.
+double inv_scale_on_host(const at::Tensor& scale) {
+  if (!scale.defined()) {
+    return 1.0;
+  }
+  return 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>());
+}
+
+// Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
+void table_unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                              at::Tensor& found_inf) {
+  if (unscale_and_check_(grads, inv_scale_on_host(scale))) {
+    found_inf.fill_(1.0);
+  }
+}
+
+void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         at::Tensor& found_inf) {
+  if (check_finite(grads, inv_scale_on_host(scale))) {
+    found_inf.fill_(1.0);
+  }
+}
+
+}  // namespace
+
+const AmpBackend& amp_backend() {
+  static const AmpBackend table{"cpu", table_unscale_and_check_, table_check_finite_,
+                                update_scale_, update_scale_guarded_};
+  return table;
+}
+
+}  // namespace cpu
+}  // namespace amp
+}  // namespace lucid

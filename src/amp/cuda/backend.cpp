@@ -1,0 +1,124 @@
+// The CUDA table of the backend interface (amp/backend.h): turns gradient lists into
+// tensor tables and launches lucid-amp's own kernels (unscale_kernels.h,
+// update_scale_kernel.h) on the current stream. Compiled only against a CUDA LibTorch.
+
+#include "amp/backend.h"
+#include "amp/cuda/unscale_kernels.h"
+#include "amp/cuda/update_scale_kernel.h"
+#include "cuda_common/table_cache.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+
+namespace lucid {
+namespace amp {
+namespace cuda {
+namespace {
+
+using cuda_common::make_table;
+
+// Calls launch(table, type) once per element type present: one table of all of `grads`
+// when they share one (the common case, built without copying the list), else one per
+// type. Unchecked on purpose: `grads` is non-empty (unscale_or_check_).
+template <typename Launch>
+void for_each_dtype(const std::vector<at::Tensor>& grads, Launch launch) {
+  const at::ScalarType first = grads.front().scalar_type();
+  const bool one_type = std::all_of(grads.begin(), grads.end(),
+                                    [&](const at::Tensor& g) { return g.scalar_type() == first; });
+  if (one_type) {
+    launch(make_table({&grads}), cuda_common::element_type(first));
+    return;
+  }
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
+    std::vector<at::Tensor> same;
+    for (const auto& g : grads) {
+      if (g.scalar_type() == dtype) {
+        same.push_back(g);
+      }
+    }
+    if (!same.empty()) {
+      launch(make_table({&same}), cuda_common::element_type(dtype));
+    }
+  }
+}
+
+// The unscale pass (kWrite) or the read-only check over one device's gradients.
+// Args: as AmpBackend::unscale_and_check_; the gradients are dense CUDA tensors of one
+// device. A flag on another device is raised through a flag on the gradients' device.
+template <bool kWrite>
+void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                       at::Tensor& found_inf) {
+  if (grads.empty()) {
+    return;
+  }
+  const at::Device device = grads.front().device();
+  const bool local_flag = found_inf.device() != device;
+  at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
+  {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor scale_here;
+    const float* scale_ptr = cuda_common::float_on(scale, device, scale_here);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    float* flag_ptr = flag.data_ptr<float>();
+    for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+      C10_CUDA_CHECK(kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
+                            : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
+    });
+  }
+  if (local_flag) {
+    found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
+  }
+}
+
+// Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
+void table_unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                              at::Tensor& found_inf) {
+  unscale_or_check_<true>(grads, scale, found_inf);
+}
+
+void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         at::Tensor& found_inf) {
+  unscale_or_check_<false>(grads, scale, found_inf);
+}
+
+// The scale update (update_scale_kernel.h): every tensor on the scale's device.
+void update_on_device_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor* overflow_tracker,
+                       const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, const detail::ScaleGuards& guards) {
+  c10::cuda::CUDAGuard guard(scale.device());
+  C10_CUDA_CHECK(launch_update_scale(
+      scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
+      overflow_tracker != nullptr ? overflow_tracker->data_ptr<int32_t>() : nullptr,
+      found_inf.data_ptr<float>(), growth_factor, backoff_factor, growth_interval, guards,
+      at::cuda::getCurrentCUDAStream()));
+}
+
+void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
+                         const at::Tensor& found_inf, double growth_factor,
+                         double backoff_factor, int64_t growth_interval) {
+  update_on_device_(scale, growth_tracker, nullptr, found_inf, growth_factor, backoff_factor,
+                    growth_interval, detail::ScaleGuards());
+}
+
+void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
+                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                                 double growth_factor, double backoff_factor,
+                                 int64_t growth_interval, const detail::ScaleGuards& guards) {
+  update_on_device_(scale, growth_tracker, &overflow_tracker, found_inf, growth_factor,
+                    backoff_factor, growth_interval, guards);
+}
+
+}  // namespace
+
+const AmpBackend& amp_backend() {
+  static const AmpBackend table{"cuda", table_unscale_and_check_, table_check_finite_,
+                                table_update_scale_, table_update_scale_guarded_};
+  return table;
+}
+
+}  // namespace cuda
+}  // namespace amp
+}  // namespace lucid

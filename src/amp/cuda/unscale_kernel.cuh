@@ -1,0 +1,71 @@
+#pragma once
+
+// The unscale-and-check and read-only check kernels, as templates over the shared
+// multi-tensor walker: unscale_kernels.cu instantiates and launches them, the kernel lab
+// (benchmarks/cuda/unscale_lab.cu) times them with other chunk sizes. Unchecked on
+// purpose: the launchers own the preconditions (unscale_kernels.h).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "amp/cuda/unscale_kernels.h"
+#include "cuda_common/multi_tensor_apply.cuh"
+
+namespace lucid {
+namespace amp {
+namespace cuda {
+
+using cuda_common::Element;
+using cuda_common::Table;
+
+// 512 threads a block, kUnroll vectors in flight per thread: the unscale pass moves few
+// bytes per element, so a block needs more threads to keep enough loads in flight
+// (docs/PERFORMANCE.md has the shapes timed).
+constexpr int kUnscaleThreads = 512;
+
+template <typename S>
+struct UnscaleOp {
+  using E = Element<S>;
+  typename E::opmath inv;
+  bool bad = false;
+  __device__ static constexpr bool writes(int d) { return d == kGradList; }
+  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void element(S (&e)[1]) {
+    const auto x = E::load(e[kGradList]) * inv;
+    bad |= !isfinite(x);
+    e[kGradList] = E::store(x);
+  }
+};
+
+template <typename S>
+struct CheckOp {
+  using E = Element<S>;
+  typename E::opmath inv;
+  bool bad = false;
+  __device__ static constexpr bool writes(int) { return false; }
+  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void element(S (&e)[1]) { bad |= !isfinite(E::load(e[kGradList]) * inv); }
+};
+
+// kWrite false: the read-only check. kStageOffsets: NOTE: [Offsets in shared memory];
+// launched with offsets_bytes(table) of dynamic shared memory when true.
+template <typename S, bool kWrite, bool kStageOffsets>
+__global__ void __launch_bounds__(kUnscaleThreads)
+    unscale_kernel(Table table, const float* scale, float* found_inf) {
+  using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
+  extern __shared__ int64_t shared_offsets[];
+  const int64_t* offsets =
+      kStageOffsets ? cuda_common::stage_offsets(table, shared_offsets) : table.offsets;
+  Op op;
+  op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
+  cuda_common::walk_block_range<S, 1>(table, offsets, op);
+  if (op.bad) {
+    *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+  }
+}
+
+}  // namespace cuda
+}  // namespace amp
+}  // namespace lucid

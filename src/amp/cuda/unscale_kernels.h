@@ -1,0 +1,40 @@
+#pragma once
+
+// The scaler's CUDA kernels, seen from C++: plain pointers and a stream, no LibTorch
+// types, so that unscale_kernels.cu compiles with nvcc alone. Unchecked on purpose:
+// src/amp/cuda/backend.cpp owns every precondition below. Each launcher returns
+// cudaGetLastError() after its launch; the caller wraps it in C10_CUDA_CHECK.
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_common/tensor_table.h"
+
+namespace lucid {
+namespace amp {
+namespace cuda {
+
+using cuda_common::ElementType;
+using cuda_common::TensorTable;
+
+// The one list of an unscale or check launch.
+enum GradList : int { kGradList = 0 };
+
+// Unscale in place and check.
+// Args:
+//   table:     one list (kGradList), the gradients, all of element type `type`.
+//   scale:     device pointer to a float32; gradients are multiplied by 1/scale (float64
+//              for float64 lists, else 1/scale rounded to float32, PyTorch's rule).
+//   found_inf: device pointer to a float32, set to 1 if any result is non-finite; never
+//              cleared.
+// All preconditions are the caller's (backend.cpp).
+cudaError_t launch_unscale_and_check(const TensorTable& table, ElementType type,
+                                     const float* scale, float* found_inf, cudaStream_t stream);
+
+// Read-only check: sets *found_inf = 1 if any gradient times 1/scale (times 1 when
+// `scale` is null) is non-finite. Writes nothing else. Args as above.
+cudaError_t launch_check_finite(const TensorTable& table, ElementType type, const float* scale,
+                                float* found_inf, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,33 @@
+#pragma once
+
+// The scale update on a CUDA device, seen from C++: plain pointers and a stream, so that
+// update_scale_kernel.cu compiles with nvcc alone. Unchecked on purpose:
+// src/amp/cuda/backend.cpp owns every precondition below.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "amp/scale_rule.h"
+
+namespace lucid {
+namespace amp {
+namespace cuda {
+
+// One update by detail::next_scale_state, in one thread, on `stream`.
+// Args:
+//   scale:            device pointer to the float32 scale.
+//   growth_tracker:   device pointer to the int32 growth tracker.
+//   overflow_tracker: device pointer to the int32 hysteresis tracker, or null when the
+//                     guards are off (it is then taken as 0 and not written).
+//   found_inf:        device pointer to the float32 overflow flag (non-zero: overflow).
+// All on one device. Returns cudaGetLastError() after the launch.
+cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker,
+                                int32_t* overflow_tracker, const float* found_inf,
+                                double growth_factor, double backoff_factor,
+                                int64_t growth_interval, const detail::ScaleGuards& guards,
+                                cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace amp
+}  // namespace lucid

@@ -1,0 +1,116 @@
+#pragma once
+
+// The fused Adam/AdamW and SGD kernels, as templates over the shared multi-tensor
+// walker: fused_kernels.cu instantiates and launches them, the kernel lab
+// (benchmarks/cuda/unscale_lab.cu) times them with other chunk sizes. The same formulas
+// in the same order as the CPU twins (src/optim/cpu/fused_kernels.cpp). Unchecked on
+// purpose: the launchers own the preconditions (fused_kernels.h).
+
+#include <cuda_runtime.h>
+
+#include "cuda_common/multi_tensor_apply.cuh"
+#include "optim/cuda/fused_kernels.h"
+
+namespace lucid {
+namespace optim {
+namespace cuda {
+
+using cuda_common::Element;
+using cuda_common::Table;
+
+template <typename S, bool kAmsgrad>
+struct AdamOp {
+  static constexpr int D = kAmsgrad ? AdamList::kStepsAmsgrad : AdamList::kSteps;
+  static constexpr int kStepsList = D;  // the counters follow the last data list
+  using O = typename Element<S>::opmath;
+  AdamHyper h;
+  O inv;
+  O step_size, sqrt_bc2, decay;
+  __device__ static constexpr bool writes(int d) { return d != AdamList::kGrad; }
+  __device__ void begin_tensor(const Table& table, int t) {
+    // The step being taken: the counter is incremented by a later launch.
+    const double step = static_cast<double>(*static_cast<const float*>(table.pointer(kStepsList, t))) + 1.0;
+    const double bc1 = 1.0 - pow(h.beta1, step);
+    const double bc2 = 1.0 - pow(h.beta2, step);
+    step_size = static_cast<O>(h.lr / bc1);
+    sqrt_bc2 = static_cast<O>(sqrt(bc2));
+    decay = static_cast<O>(1.0 - h.lr * h.weight_decay);
+  }
+  __device__ void element(S (&e)[D]) {
+    O p = e[AdamList::kParam], g = e[AdamList::kGrad] * inv, m = e[AdamList::kExpAvg],
+      v = e[AdamList::kExpAvgSq];
+    if (h.weight_decay != 0) {
+      if (h.decoupled_weight_decay) {
+        p = p * decay;
+      } else {
+        g = g + static_cast<O>(h.weight_decay) * p;
+      }
+    }
+    m = m * static_cast<O>(h.beta1) + static_cast<O>(1 - h.beta1) * g;
+    v = v * static_cast<O>(h.beta2) + static_cast<O>(1 - h.beta2) * g * g;
+    O v_used = v;
+    if (kAmsgrad) {
+      // Only read when kAmsgrad, where D > kMaxExpAvgSq; the index is clamped so that
+      // the other instantiation names a valid element.
+      constexpr int kMax = kAmsgrad ? AdamList::kMaxExpAvgSq : 0;
+      const O vmax = e[kMax] > v ? e[kMax] : v;
+      e[kMax] = vmax;
+      v_used = vmax;
+    }
+    const O denom = sqrt(v_used) / sqrt_bc2 + static_cast<O>(h.eps);
+    p = p - step_size * (m / denom);
+    e[AdamList::kParam] = p;
+    e[AdamList::kExpAvg] = m;
+    e[AdamList::kExpAvgSq] = v;
+  }
+};
+
+template <typename S, bool kMomentum>
+struct SgdOp {
+  static constexpr int D = kMomentum ? SgdList::kStepsMomentum : SgdList::kSteps;
+  static constexpr int kStepsList = D;  // the counters follow the last data list
+  using O = typename Element<S>::opmath;
+  SgdHyper h;
+  O inv;
+  bool first = false;
+  __device__ static constexpr bool writes(int d) { return d != SgdList::kGrad; }
+  __device__ void begin_tensor(const Table& table, int t) {
+    first = *static_cast<const float*>(table.pointer(kStepsList, t)) == 0.0f;
+  }
+  __device__ void element(S (&e)[D]) {
+    O p = e[SgdList::kParam], d = e[SgdList::kGrad] * inv;
+    if (h.weight_decay != 0) d = d + static_cast<O>(h.weight_decay) * p;
+    if (kMomentum) {
+      // Only touched when kMomentum, where D > kMomentumBuffer (clamped as in AdamOp).
+      constexpr int kBuf = kMomentum ? SgdList::kMomentumBuffer : 0;
+      O buf = first ? d : e[kBuf] * static_cast<O>(h.momentum) + static_cast<O>(1 - h.dampening) * d;
+      e[kBuf] = buf;
+      d = h.nesterov ? d + static_cast<O>(h.momentum) * buf : buf;
+    }
+    e[SgdList::kParam] = p - static_cast<O>(h.lr) * d;
+  }
+};
+
+template <typename S, bool kAmsgrad>
+__global__ void __launch_bounds__(cuda_common::kThreads)
+    adam_kernel(Table table, AdamHyper h, const float* scale, const float* found_inf) {
+  if (cuda_common::skipped(found_inf)) return;
+  AdamOp<S, kAmsgrad> op;
+  op.h = h;
+  op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
+  cuda_common::walk_block_range<S, AdamOp<S, kAmsgrad>::D>(table, op);
+}
+
+template <typename S, bool kMomentum>
+__global__ void __launch_bounds__(cuda_common::kThreads)
+    sgd_kernel(Table table, SgdHyper h, const float* scale, const float* found_inf) {
+  if (cuda_common::skipped(found_inf)) return;
+  SgdOp<S, kMomentum> op;
+  op.h = h;
+  op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
+  cuda_common::walk_block_range<S, SgdOp<S, kMomentum>::D>(table, op);
+}
+
+}  // namespace cuda
+}  // namespace optim
+}  // namespace lucid
