@@ -35,8 +35,9 @@ def _rel(path):
 def _library_sources():
     """The library's C++ and CUDA sources, wherever they sit under src/ (the layout moves).
 
-    A file is CUDA-only when it is a .cu file or lies under a directory named "cuda";
-    src/distributed (the c10d target) is left out: Python users have torch.distributed.
+    A file is CUDA-only when it is a .cu file or lies under a directory named "cuda" or
+    "cuda_*" (src/amp/cuda, src/optim/cuda, src/cuda_common); src/distributed (the c10d
+    target) is left out: Python users have torch.distributed.
     """
     cpp, cuda = [], []
     for path in sorted(glob.glob(os.path.join(ROOT, "src", "**", "*"), recursive=True)):
@@ -45,7 +46,8 @@ def _library_sources():
         parts = _rel(path).split(os.sep)
         if "distributed" in parts:
             continue
-        if path.endswith(".cu") or "cuda" in parts[:-1]:
+        cuda_dir = any(d == "cuda" or d.startswith("cuda_") for d in parts[:-1])
+        if path.endswith(".cu") or cuda_dir:
             cuda.append(_rel(path))
         else:
             cpp.append(_rel(path))
@@ -63,7 +65,9 @@ def _extension():
     bindings = sorted(_rel(p) for p in glob.glob(os.path.join(ROOT, "python", "csrc", "*.cpp")))
     # -g0: Python's own CFLAGS ask for debug information (-g), which makes the objects
     # several times larger and the compile slower; the extension ships without it.
-    cxx_flags = ["-O3", "-std=c++17", "-g0"]
+    # -Wno-deprecated-declarations: LibTorch 1.13's headers use std::iterator (C++17-deprecated)
+    # in every file that includes them.
+    cxx_flags = ["-O3", "-std=c++17", "-g0", "-Wno-deprecated-declarations"]
     prebuilt = os.environ.get("LUCID_AMP_PREBUILT_LIBRARY", "")
     kwargs = dict(
         name="lucid_amp._C",

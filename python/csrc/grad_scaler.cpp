@@ -225,6 +225,16 @@ void bind_grad_scaler(py::module& m) {
                fn(d);
              });
            }))
+      // fn(found_inf) with each optimizer's overflow flag (float32, 0-dim, on the scale's
+      // device), before anything reads it; fn may change it in place (an all-reduce).
+      // None removes it.
+      .def("set_found_inf_hook", torch::wrap_pybind_function([](GradScaler& self, py::object fn) {
+             if (fn.is_none()) {
+               self.set_found_inf_hook(nullptr);
+               return;
+             }
+             self.set_found_inf_hook([fn](at::Tensor& found_inf) { fn(found_inf); });
+           }))
       .def("set_parameter_name",
            torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& parameter, const std::string& name) {
              self.set_parameter_name(parameter, name);

@@ -433,6 +433,13 @@ class GradScaler:
 
         self._core.set_backoff_callback(call)
 
+    def set_found_inf_hook(self, fn: Optional[Callable[[torch.Tensor], None]]) -> None:
+        """``fn(found_inf)`` is called with each optimizer's overflow flag (a float32
+        0-dim tensor on the scale's device; non-zero means overflow) each time unscale_ or
+        step computes it, before anything reads it; ``fn`` may change it in place.
+        lucid_amp.distributed.bind_to_group uses it. None removes it."""
+        self._core.set_found_inf_hook(fn)
+
     def stage(self, optimizer: torch.optim.Optimizer) -> str:
         """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""
         return _STAGES[self._core.stage(id(optimizer))]
