@@ -91,6 +91,9 @@ py::dict counters_dict(const amp::ScalerCounters& c) {
   d["backoffs"] = c.backoffs;
   d["growths"] = c.growths;
   d["overflow_streak"] = c.overflow_streak;
+  d["updates_without_checks"] = c.updates_without_checks;
+  d["steps_without_gradients"] = c.steps_without_gradients;
+  d["min_scale_holds"] = c.min_scale_holds;
   return d;
 }
 
@@ -104,13 +107,43 @@ py::dict options_dict(const GradScalerOptions& o) {
   d["min_scale"] = o.min_scale();
   d["max_scale"] = o.max_scale();
   d["hysteresis"] = o.hysteresis();
+  d["min_scale_policy"] =
+      o.min_scale_policy() == amp::MinScalePolicy::kClamp ? "clamp" : "throw";
+  d["hysteresis_refill"] = o.hysteresis_refill() == amp::HysteresisRefill::kOnCleanUpdate
+                               ? "on_clean_update"
+                               : "on_growth";
+  d["overflow_warning_streak"] = o.overflow_warning_streak();
+  d["max_overflow_streak"] = o.max_overflow_streak();
+  d["strict_inf_checks"] = o.strict_inf_checks();
   return d;
+}
+
+amp::MinScalePolicy min_scale_policy_of(const std::string& name) {
+  if (name == "throw") {
+    return amp::MinScalePolicy::kThrow;
+  }
+  TORCH_CHECK_VALUE(name == "clamp", "GradScaler: min_scale_policy must be 'throw' or 'clamp', got '",
+                    name, "'.");
+  return amp::MinScalePolicy::kClamp;
+}
+
+amp::HysteresisRefill hysteresis_refill_of(const std::string& name) {
+  if (name == "on_growth") {
+    return amp::HysteresisRefill::kOnGrowth;
+  }
+  TORCH_CHECK_VALUE(name == "on_clean_update",
+                    "GradScaler: hysteresis_refill must be 'on_growth' or 'on_clean_update', got '",
+                    name, "'.");
+  return amp::HysteresisRefill::kOnCleanUpdate;
 }
 
 std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
                                         double backoff_factor, int64_t growth_interval,
                                         bool enabled, double min_scale, double max_scale,
-                                        int64_t hysteresis) {
+                                        int64_t hysteresis, const std::string& min_scale_policy,
+                                        const std::string& hysteresis_refill,
+                                        int64_t overflow_warning_streak,
+                                        int64_t max_overflow_streak, bool strict_inf_checks) {
   GradScalerOptions options;
   options.init_scale(init_scale)
       .growth_factor(growth_factor)
@@ -119,7 +152,12 @@ std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
       .enabled(enabled)
       .min_scale(min_scale)
       .max_scale(max_scale)
-      .hysteresis(hysteresis);
+      .hysteresis(hysteresis)
+      .min_scale_policy(min_scale_policy_of(min_scale_policy))
+      .hysteresis_refill(hysteresis_refill_of(hysteresis_refill))
+      .overflow_warning_streak(overflow_warning_streak)
+      .max_overflow_streak(max_overflow_streak)
+      .strict_inf_checks(strict_inf_checks);
   return std::make_unique<GradScaler>(options);
 }
 
@@ -131,7 +169,9 @@ void bind_grad_scaler(py::module& m) {
       .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),
            py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
            py::arg("enabled"), py::arg("min_scale"), py::arg("max_scale"),
-           py::arg("hysteresis"))
+           py::arg("hysteresis"), py::arg("min_scale_policy"), py::arg("hysteresis_refill"),
+           py::arg("overflow_warning_streak"), py::arg("max_overflow_streak"),
+           py::arg("strict_inf_checks"))
       .def("scale", torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& outputs) {
              return self.scale(outputs);
            }))

@@ -51,6 +51,12 @@ class ScalerCounters:
     """Updates that completed growth_interval clean updates and grew the scale."""
     overflow_streak: int
     """Consecutive overflowing updates up to the last one (0 after a clean update)."""
+    updates_without_checks: int
+    """update() calls with no gradient checked since the previous one (scale left as is)."""
+    steps_without_gradients: int
+    """step() calls of an optimizer none of whose parameters had a gradient."""
+    min_scale_holds: int
+    """Backoffs held at min_scale (min_scale_policy="clamp")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +156,22 @@ class GradScaler:
             tensor itself lives on the device of the first tensor it meets.
         init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
             ``torch.amp.GradScaler``.
-        min_scale: guard (0 = off): a backoff below it raises RuntimeError ("the loss is
-            diverging") and changes nothing.
+        min_scale: guard (0 = off): the smallest scale; what a backoff below it does is
+            ``min_scale_policy``.
+        min_scale_policy: "throw" (RuntimeError "the loss is diverging", nothing
+            applied) or "clamp" (the scale is held at min_scale, steps still skipped).
         max_scale: guard (inf = off): the scale never grows past it.
         hysteresis: guard (1 = off): back off only after this many consecutive
             overflowing updates; the overflowing steps are still skipped.
+        hysteresis_refill: "on_growth" (Megatron-LM's rule) or "on_clean_update"
+            (DeepSpeed's consecutive_hysteresis): when the hysteresis count is refilled.
+        overflow_warning_streak: after this many consecutive overflowing updates, one
+            warning (a Python UserWarning) with the overflow report; 0 = never.
+        max_overflow_streak: guard (0 = off): the update that would make this many
+            consecutive overflowing updates raises RuntimeError and applies nothing.
+        strict_inf_checks: raise PyTorch's "No inf checks were recorded ..." errors
+            (RuntimeError) for a step or an update with no checked gradient, instead of
+            counting them.
 
     Differences from PyTorch, all on misuse: invalid options and float16 gradients raise
     ValueError, complex gradients NotImplementedError, before anything changes.
@@ -170,8 +187,13 @@ class GradScaler:
         enabled: bool = True,
         *,
         min_scale: float = 0.0,
+        min_scale_policy: str = "throw",
         max_scale: float = math.inf,
         hysteresis: int = 1,
+        hysteresis_refill: str = "on_growth",
+        overflow_warning_streak: int = 100,
+        max_overflow_streak: int = 0,
+        strict_inf_checks: bool = False,
     ) -> None:
         self._device = str(torch.device(device).type) if not isinstance(device, str) else device
         if enabled and self._device == "cuda" and not torch.cuda.is_available():
@@ -188,6 +210,11 @@ class GradScaler:
             float(min_scale),
             float(max_scale),
             int(hysteresis),
+            str(min_scale_policy),
+            str(hysteresis_refill),
+            int(overflow_warning_streak),
+            int(max_overflow_streak),
+            bool(strict_inf_checks),
         )
         # id()s of the optimizers seen since the last update(); pickling is refused while
         # any is in an iteration, as PyTorch's.

@@ -678,3 +678,80 @@ def test_max_scale_caps_growth():
         scaler.step(opt)
         scaler.update()
     assert scaler.get_scale() == 8.0
+
+
+def _overflowing_iteration(scaler, model, opt):
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.inf
+    scaler.step(opt)
+    scaler.update()
+
+
+def test_min_scale_policy_clamp_holds_the_scale_and_counts():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=8.0, min_scale=4.0, min_scale_policy="clamp")
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        _overflowing_iteration(scaler, model, opt)
+    assert scaler.get_scale() == 4.0
+    assert scaler.counters().min_scale_holds == 2
+    with pytest.raises(ValueError, match="min_scale_policy"):
+        lucid_amp.GradScaler("cpu", min_scale_policy="sometimes")
+
+
+def test_max_overflow_streak_raises_runtime_error_and_applies_nothing():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, max_overflow_streak=3)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _overflowing_iteration(scaler, model, opt)
+    _overflowing_iteration(scaler, model, opt)
+    with pytest.raises(RuntimeError):
+        _overflowing_iteration(scaler, model, opt)
+    assert scaler.get_scale() == 256.0
+
+
+def test_overflow_warning_streak_reaches_python_as_a_warning():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, overflow_warning_streak=2)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            _overflowing_iteration(scaler, model, opt)
+    streak = [w for w in caught if "consecutive" in str(w.message)]
+    assert len(streak) == 1  # once per streak
+
+
+def test_strict_inf_checks_raises_pytorchs_errors():
+    lenient = lucid_amp.GradScaler("cpu")
+    strict = lucid_amp.GradScaler("cpu", strict_inf_checks=True)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lenient.update()  # nothing checked: counted, scale left as it is
+    assert lenient.counters().updates_without_checks == 1
+    with pytest.raises(RuntimeError, match="No inf checks were recorded prior to update"):
+        strict.update()
+    strict.scale(torch.ones(1))
+    with pytest.raises(RuntimeError, match="No inf checks were recorded for this optimizer"):
+        strict.step(opt)  # no parameter has a gradient
+
+
+def test_hysteresis_refill_on_clean_update():
+    def run(refill):
+        scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, hysteresis=2, growth_interval=100,
+                                      hysteresis_refill=refill)
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in (True, False, True):  # two overflows separated by a clean update
+            if bad:
+                _overflowing_iteration(scaler, model, opt)
+            else:
+                opt.zero_grad()
+                backward(scaler, model)
+                scaler.step(opt)
+                scaler.update()
+        return scaler.get_scale()
+
+    assert run("on_growth") == 512.0  # the count was used up across the clean update
+    assert run("on_clean_update") == 1024.0  # refilled by it
