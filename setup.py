@@ -67,7 +67,11 @@ def _extension():
     # several times larger and the compile slower; the extension ships without it.
     # -Wno-deprecated-declarations: LibTorch 1.13's headers use std::iterator (C++17-deprecated)
     # in every file that includes them.
-    cxx_flags = ["-O3", "-std=c++17", "-g0", "-Wno-deprecated-declarations"]
+    cxx_flags = ["-O3", "-g0", "-Wno-deprecated-declarations"]
+    # The library is C++17. PyTorch 2.x's extension builds use at least that already (and
+    # may move on); 1.13's default is C++14.
+    std = ["-std=c++17"] if int(torch.__version__.split(".")[0]) < 2 else []
+    cxx_flags += std
     prebuilt = os.environ.get("LUCID_AMP_PREBUILT_LIBRARY", "")
     kwargs = dict(
         name="lucid_amp._C",
@@ -83,7 +87,7 @@ def _extension():
         if not prebuilt:
             kwargs["sources"] += cuda
         kwargs["define_macros"] = [("LUCID_AMP_WITH_CUDA", "1")]
-        kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-std=c++17"]
+        kwargs["extra_compile_args"]["nvcc"] = ["-O3"] + std
         return cpp_extension.CUDAExtension(**kwargs)
     return cpp_extension.CppExtension(**kwargs)
 
