@@ -7,9 +7,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
 # libgloo-dev: c10d's Gloo headers (lucid_amp::distributed). The trainer (apps/trainer)
 # adds its data set, its plotting tool, its argument parser and zlib for the gzipped IDX
-# files.
+# files. The Python package (setup.py, tests/python) builds against Debian's PyTorch with
+# pybind11's headers and the Python headers, and is tested with pytest.
 packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev
-          dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev)
+          dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev
+          python3-torch python3-dev python3-setuptools pybind11-dev python3-pytest)
 
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"

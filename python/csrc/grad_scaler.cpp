@@ -1,0 +1,285 @@
+// Python bindings of lucid::amp::GradScaler (lucid_amp._C._GradScaler).
+//
+// The Python class lucid_amp.GradScaler (python/lucid_amp/grad_scaler.py) handles the
+// arguments and PyTorch's optimizer protocol; everything the scaler decides happens here,
+// in the C++ core, on OptimizerViews (include/lucid/amp/optimizer_view.h) built per call
+// from a Python optimizer: its id() as the key, its param_groups' parameters, and Python
+// callables for the step and, for scaler-aware optimizers, the scale/flag hand-off.
+//
+// Every binding goes through torch::wrap_pybind_function (HANDLE_TH_ERRORS), so that
+// c10::Error, c10::ValueError and c10::NotImplementedError reach Python as RuntimeError,
+// ValueError and NotImplementedError, and TORCH_WARN as Python warnings, as in PyTorch's
+// own bindings.
+
+#include "bindings.h"
+
+#include <lucid/amp/grad_scaler.h>
+#include <lucid/amp/serialize.h>
+
+#include <torch/csrc/DynamicTypes.h>
+
+#include <cstdint>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace lucid {
+namespace python {
+namespace {
+
+using amp::GradScaler;
+using amp::GradScalerOptions;
+using amp::OptimizerView;
+
+// Parameters of one optimizer, one list per param group, as Python hands them over; the
+// view refers into it, so it lives for the whole call.
+using ParamGroups = std::vector<std::vector<at::Tensor>>;
+
+OptimizerView make_view(uintptr_t key, const ParamGroups& groups) {
+  TORCH_CHECK(key != 0, "lucid_amp: an optimizer key must not be 0.");
+  OptimizerView view;
+  view.key = reinterpret_cast<const void*>(key);
+  view.param_groups.reserve(groups.size());
+  for (const auto& group : groups) {
+    view.param_groups.emplace_back(group);
+  }
+  return view;
+}
+
+py::object tensor_or_none(const at::Tensor& t) {
+  return t.defined() ? py::cast(t) : py::none();
+}
+
+py::object dtype_object(c10::ScalarType dtype) {
+  return py::reinterpret_borrow<py::object>(
+      reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)));
+}
+
+py::dict report_dict(const amp::OverflowReport& report) {
+  py::list gradients;
+  for (const auto& g : report.gradients) {
+    py::dict d;
+    d["optimizer_key"] = reinterpret_cast<uintptr_t>(g.optimizer);
+    d["param_group"] = g.param_group;
+    d["index"] = g.index;
+    d["name"] = g.name;
+    d["nan_count"] = g.nan_count;
+    d["inf_count"] = g.inf_count;
+    d["numel"] = g.numel;
+    d["sizes"] = py::tuple(py::cast(g.sizes));
+    d["dtype"] = dtype_object(g.dtype);
+    d["device"] = py::cast(g.device);
+    gradients.append(d);
+  }
+  py::dict d;
+  d["iteration"] = report.iteration;
+  d["scale"] = report.scale;
+  d["optimizers"] = report.optimizers;
+  d["uninspected_optimizers"] = report.uninspected_optimizers;
+  d["gradients"] = gradients;
+  d["text"] = report.to_string();
+  return d;
+}
+
+py::dict counters_dict(const amp::ScalerCounters& c) {
+  py::dict d;
+  d["steps_taken"] = c.steps_taken;
+  d["steps_skipped"] = c.steps_skipped;
+  d["updates"] = c.updates;
+  d["overflow_updates"] = c.overflow_updates;
+  d["backoffs"] = c.backoffs;
+  d["growths"] = c.growths;
+  d["overflow_streak"] = c.overflow_streak;
+  d["updates_without_checks"] = c.updates_without_checks;
+  d["steps_without_gradients"] = c.steps_without_gradients;
+  d["min_scale_holds"] = c.min_scale_holds;
+  return d;
+}
+
+py::dict options_dict(const GradScalerOptions& o) {
+  py::dict d;
+  d["init_scale"] = o.init_scale();
+  d["growth_factor"] = o.growth_factor();
+  d["backoff_factor"] = o.backoff_factor();
+  d["growth_interval"] = o.growth_interval();
+  d["enabled"] = o.enabled();
+  d["min_scale"] = o.min_scale();
+  d["max_scale"] = o.max_scale();
+  d["hysteresis"] = o.hysteresis();
+  d["min_scale_policy"] =
+      o.min_scale_policy() == amp::MinScalePolicy::kClamp ? "clamp" : "throw";
+  d["hysteresis_refill"] = o.hysteresis_refill() == amp::HysteresisRefill::kOnCleanUpdate
+                               ? "on_clean_update"
+                               : "on_growth";
+  d["overflow_warning_streak"] = o.overflow_warning_streak();
+  d["max_overflow_streak"] = o.max_overflow_streak();
+  d["strict_inf_checks"] = o.strict_inf_checks();
+  return d;
+}
+
+amp::MinScalePolicy min_scale_policy_of(const std::string& name) {
+  if (name == "throw") {
+    return amp::MinScalePolicy::kThrow;
+  }
+  TORCH_CHECK_VALUE(name == "clamp", "GradScaler: min_scale_policy must be 'throw' or 'clamp', got '",
+                    name, "'.");
+  return amp::MinScalePolicy::kClamp;
+}
+
+amp::HysteresisRefill hysteresis_refill_of(const std::string& name) {
+  if (name == "on_growth") {
+    return amp::HysteresisRefill::kOnGrowth;
+  }
+  TORCH_CHECK_VALUE(name == "on_clean_update",
+                    "GradScaler: hysteresis_refill must be 'on_growth' or 'on_clean_update', got '",
+                    name, "'.");
+  return amp::HysteresisRefill::kOnCleanUpdate;
+}
+
+std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
+                                        double backoff_factor, int64_t growth_interval,
+                                        bool enabled, double min_scale, double max_scale,
+                                        int64_t hysteresis, const std::string& min_scale_policy,
+                                        const std::string& hysteresis_refill,
+                                        int64_t overflow_warning_streak,
+                                        int64_t max_overflow_streak, bool strict_inf_checks) {
+  GradScalerOptions options;
+  options.init_scale(init_scale)
+      .growth_factor(growth_factor)
+      .backoff_factor(backoff_factor)
+      .growth_interval(growth_interval)
+      .enabled(enabled)
+      .min_scale(min_scale)
+      .max_scale(max_scale)
+      .hysteresis(hysteresis)
+      .min_scale_policy(min_scale_policy_of(min_scale_policy))
+      .hysteresis_refill(hysteresis_refill_of(hysteresis_refill))
+      .overflow_warning_streak(overflow_warning_streak)
+      .max_overflow_streak(max_overflow_streak)
+      .strict_inf_checks(strict_inf_checks);
+  return std::make_unique<GradScaler>(options);
+}
+
+}  // namespace
+
+void bind_grad_scaler(py::module& m) {
+  py::class_<GradScaler>(m, "_GradScaler",
+                         "lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.")
+      .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),
+           py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
+           py::arg("enabled"), py::arg("min_scale"), py::arg("max_scale"),
+           py::arg("hysteresis"), py::arg("min_scale_policy"), py::arg("hysteresis_refill"),
+           py::arg("overflow_warning_streak"), py::arg("max_overflow_streak"),
+           py::arg("strict_inf_checks"))
+      .def("scale", torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& outputs) {
+             return self.scale(outputs);
+           }))
+      .def("unscale_",
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups) {
+             if (!self.is_enabled()) {
+               return;
+             }
+             self.unscale_(make_view(key, groups));
+           }))
+      // Returns whether the optimizer's step ran. `step_fn` runs it; `set_grad_scaling`
+      // is None, or for a scaler-aware optimizer a callable(scale or None, found_inf).
+      .def("step",
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups,
+                                          py::function step_fn, py::object set_grad_scaling) {
+             OptimizerView view = make_view(key, groups);
+             view.step = [&step_fn] { step_fn(); };
+             if (!set_grad_scaling.is_none()) {
+               view.set_grad_scaling = [&set_grad_scaling](at::Tensor scale, at::Tensor found_inf) {
+                 set_grad_scaling(tensor_or_none(scale), tensor_or_none(found_inf));
+               };
+             }
+             return self.step(view);
+           }))
+      .def("update", torch::wrap_pybind_function([](GradScaler& self, c10::optional<double> new_scale) {
+             self.update(new_scale.has_value() ? std::optional<double>(*new_scale)
+                                               : std::nullopt);
+           }),
+           py::arg("new_scale") = py::none())
+      .def("get_scale", torch::wrap_pybind_function([](GradScaler& self) { return self.get_scale(); }))
+      .def("scale_tensor", torch::wrap_pybind_function([](GradScaler& self) {
+             return tensor_or_none(self.scale_tensor());
+           }))
+      .def("is_enabled", torch::wrap_pybind_function([](GradScaler& self) { return self.is_enabled(); }))
+      .def("options", torch::wrap_pybind_function([](GradScaler& self) {
+             return options_dict(self.options());
+           }))
+      // 0 ready, 1 unscaled, 2 stepped.
+      .def("stage", torch::wrap_pybind_function([](GradScaler& self, uintptr_t key) {
+             return static_cast<int>(self.stage(reinterpret_cast<const void*>(key)));
+           }))
+      .def("step_skipped", torch::wrap_pybind_function([](GradScaler& self, uintptr_t key) {
+             return self.step_skipped(reinterpret_cast<const void*>(key));
+           }))
+      .def("overflowed",
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups) {
+             return self.overflowed(make_view(key, groups));
+           }))
+      .def("state_dict", torch::wrap_pybind_function([](GradScaler& self) {
+             return self.state_dict();
+           }))
+      .def("load_state_dict",
+           torch::wrap_pybind_function([](GradScaler& self, const std::map<std::string, double>& state) {
+             self.load_state_dict(state);
+           }))
+      // The whole scaler (state, options but `enabled`, counters) as bytes: lucid-amp's
+      // checkpoint format (include/lucid/amp/serialize.h), used for pickling.
+      .def("save_bytes", torch::wrap_pybind_function([](GradScaler& self) {
+             std::ostringstream out;
+             amp::save_scaler(self, out);
+             return py::bytes(out.str());
+           }))
+      .def("load_bytes", torch::wrap_pybind_function([](GradScaler& self, const std::string& data) {
+             std::istringstream in(data);
+             amp::load_scaler(self, in);
+           }))
+      .def("counters", torch::wrap_pybind_function([](GradScaler& self) {
+             return counters_dict(self.counters());
+           }))
+      .def("last_overflow", torch::wrap_pybind_function([](GradScaler& self) -> py::object {
+             const auto& report = self.last_overflow();
+             if (!report.has_value()) {
+               return py::none();
+             }
+             return report_dict(*report);
+           }))
+      // fn(event: dict) on every backoff; None removes it.
+      .def("set_backoff_callback", torch::wrap_pybind_function([](GradScaler& self, py::object fn) {
+             if (fn.is_none()) {
+               self.set_backoff_callback(nullptr);
+               return;
+             }
+             self.set_backoff_callback([fn](const amp::BackoffEvent& event) {
+               py::dict d;
+               d["iteration"] = event.iteration;
+               d["old_scale"] = event.old_scale;
+               d["new_scale"] = event.new_scale;
+               d["overflow_streak"] = event.overflow_streak;
+               d["report"] = event.report != nullptr ? py::object(report_dict(*event.report))
+                                                     : py::object(py::none());
+               fn(d);
+             });
+           }))
+      // fn(found_inf) with each optimizer's overflow flag (float32, 0-dim, on the scale's
+      // device), before anything reads it; fn may change it in place (an all-reduce).
+      // None removes it.
+      .def("set_found_inf_hook", torch::wrap_pybind_function([](GradScaler& self, py::object fn) {
+             if (fn.is_none()) {
+               self.set_found_inf_hook(nullptr);
+               return;
+             }
+             self.set_found_inf_hook([fn](at::Tensor& found_inf) { fn(found_inf); });
+           }))
+      .def("set_parameter_name",
+           torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& parameter, const std::string& name) {
+             self.set_parameter_name(parameter, name);
+           }));
+}
+
+}  // namespace python
+}  // namespace lucid

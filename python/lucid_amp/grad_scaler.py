@@ -1,0 +1,472 @@
+"""lucid_amp.GradScaler: torch.amp.GradScaler's interface on lucid-amp's C++ scaler.
+
+Everything the scaler decides (the stage machine, unscaling and the overflow check in
+lucid-amp's kernels, skipping, the scale's sawtooth, the guards, the diagnostics) happens
+in the C++ core (lucid_amp._C._GradScaler). This module turns Python arguments into what
+the core takes and speaks the protocol of PyTorch's optimizers: each call describes the
+optimizer to the core by its id(), the parameters of its param_groups, a callable that
+runs ``optimizer.step(*args, **kwargs)`` and, for an optimizer that sets
+``_step_supports_amp_scaling``, the hand-off of the scale and the overflow flag that
+PyTorch's own GradScaler makes (the attributes ``optimizer.grad_scale`` and
+``optimizer.found_inf``, set for the step and removed after it).
+"""
+
+import dataclasses
+import inspect
+import math
+import warnings
+from collections import abc
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+
+from . import _C
+
+__all__ = ["GradScaler", "ScalerCounters", "OverflowReport", "NonFiniteGradient", "BackoffEvent"]
+
+_STAGES = ("ready", "unscaled", "stepped")
+
+_CLOSURE_MESSAGE = (
+    "GradScaler.step does not accept a closure while the scaler is enabled: the closure "
+    "would re-run backward() and its gradients would never be unscaled. Run "
+    "forward/backward yourself, then call step(optimizer)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalerCounters:
+    """What the scaler did since it was built (or since the state it was loaded from)."""
+
+    steps_taken: int
+    """step() calls that ran optimizer.step()."""
+    steps_skipped: int
+    """step() calls that skipped optimizer.step() because a gradient was inf/NaN."""
+    updates: int
+    """update() calls that ran the schedule (update(new_scale) is not counted)."""
+    overflow_updates: int
+    """Of those, the updates that saw an overflow in any optimizer."""
+    backoffs: int
+    """Updates that multiplied the scale by backoff_factor."""
+    growths: int
+    """Updates that completed growth_interval clean updates and grew the scale."""
+    overflow_streak: int
+    """Consecutive overflowing updates up to the last one (0 after a clean update)."""
+    updates_without_checks: int
+    """update() calls with no gradient checked since the previous one (scale left as is)."""
+    steps_without_gradients: int
+    """step() calls of an optimizer none of whose parameters had a gradient."""
+    min_scale_holds: int
+    """Backoffs held at min_scale (min_scale_policy="clamp")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFiniteGradient:
+    """One gradient that held inf or NaN after unscaling."""
+
+    param_group: int
+    index: int
+    name: str
+    """The name given with set_parameter_names (empty when none was)."""
+    nan_count: int
+    inf_count: int
+    numel: int
+    sizes: Tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    optimizer_key: int
+    """id() of the optimizer the parameter belongs to."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OverflowReport:
+    """Which gradients overflowed in one iteration (between two update() calls)."""
+
+    iteration: int
+    scale: float
+    optimizers: int
+    uninspected_optimizers: int
+    gradients: Tuple[NonFiniteGradient, ...]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass(frozen=True)
+class BackoffEvent:
+    """What a backoff callback receives, once per backoff, after update() applied it."""
+
+    iteration: int
+    old_scale: float
+    new_scale: float
+    overflow_streak: int
+    report: Optional[OverflowReport]
+
+
+def _report(d: Optional[dict]) -> Optional[OverflowReport]:
+    if d is None:
+        return None
+    grads = tuple(NonFiniteGradient(**g) for g in d["gradients"])
+    return OverflowReport(
+        iteration=d["iteration"],
+        scale=d["scale"],
+        optimizers=d["optimizers"],
+        uninspected_optimizers=d["uninspected_optimizers"],
+        gradients=grads,
+        text=d["text"],
+    )
+
+
+def _param_groups(optimizer) -> List[List[torch.Tensor]]:
+    return [list(group["params"]) for group in optimizer.param_groups]
+
+
+def _takes_scale_and_flag(optimizer) -> bool:
+    """Whether ``optimizer`` follows PyTorch 2.x's protocol for scaler-aware optimizers
+    (reads ``self.grad_scale`` and ``self.found_inf`` in its step). An optimizer whose
+    step takes a ``grad_scaler`` argument instead follows the older one (PyTorch 1.13's
+    fused Adam), which calls private methods of torch's own scaler: this scaler then
+    unscales and skips for it like for any other optimizer, and its step runs on
+    gradients that are unscaled already."""
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return False
+    try:
+        return "grad_scaler" not in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+class GradScaler:
+    """A drop-in for ``torch.amp.GradScaler`` on lucid-amp's C++ core.
+
+    ``torch.amp.GradScaler(...)`` code keeps working when only the import changes::
+
+        scaler = lucid_amp.GradScaler("cuda")
+        for inputs, target in data:
+            optimizer.zero_grad()
+            with lucid_amp.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(inputs), target)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    Args:
+        device: the device type the scaler is for ("cuda" or "cpu"). As PyTorch's, a
+            "cuda" scaler on a machine without CUDA warns and disables itself. The scale
+            tensor itself lives on the device of the first tensor it meets.
+        init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
+            ``torch.amp.GradScaler``.
+        min_scale: guard (0 = off): the smallest scale; what a backoff below it does is
+            ``min_scale_policy``.
+        min_scale_policy: "throw" (RuntimeError "the loss is diverging", nothing
+            applied) or "clamp" (the scale is held at min_scale, steps still skipped).
+        max_scale: guard (inf = off): the scale never grows past it.
+        hysteresis: guard (1 = off): back off only after this many consecutive
+            overflowing updates; the overflowing steps are still skipped.
+        hysteresis_refill: "on_growth" (Megatron-LM's rule) or "on_clean_update"
+            (DeepSpeed's consecutive_hysteresis): when the hysteresis count is refilled.
+        overflow_warning_streak: after this many consecutive overflowing updates, one
+            warning (a Python UserWarning) with the overflow report; 0 = never.
+        max_overflow_streak: guard (0 = off): the update that would make this many
+            consecutive overflowing updates raises RuntimeError and applies nothing.
+        strict_inf_checks: raise PyTorch's "No inf checks were recorded ..." errors
+            (RuntimeError) for a step or an update with no checked gradient, instead of
+            counting them.
+
+    Differences from PyTorch, all on misuse: invalid options and float16 gradients raise
+    ValueError, complex gradients NotImplementedError, before anything changes.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        min_scale: float = 0.0,
+        min_scale_policy: str = "throw",
+        max_scale: float = math.inf,
+        hysteresis: int = 1,
+        hysteresis_refill: str = "on_growth",
+        overflow_warning_streak: int = 100,
+        max_overflow_streak: int = 0,
+        strict_inf_checks: bool = False,
+    ) -> None:
+        self._device = str(torch.device(device).type) if not isinstance(device, str) else device
+        if enabled and self._device == "cuda" and not torch.cuda.is_available():
+            warnings.warn(
+                "lucid_amp.GradScaler is enabled, but CUDA is not available. Disabling."
+            )
+            enabled = False
+        self._core = _C._GradScaler(
+            float(init_scale),
+            float(growth_factor),
+            float(backoff_factor),
+            int(growth_interval),
+            bool(enabled),
+            float(min_scale),
+            float(max_scale),
+            int(hysteresis),
+            str(min_scale_policy),
+            str(hysteresis_refill),
+            int(overflow_warning_streak),
+            int(max_overflow_streak),
+            bool(strict_inf_checks),
+        )
+        # id()s of the optimizers seen since the last update(); pickling is refused while
+        # any is in an iteration, as PyTorch's.
+        self._active: Dict[int, None] = {}
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def scale(self, outputs):
+        """Multiplies a tensor, or the tensors of nested lists/tuples, by the scale.
+
+        Returns the same structure (lists stay lists, tuples tuples); the result is at
+        least float32 and keeps the autograd graph. Disabled: returns ``outputs``.
+        """
+        if not self._core.is_enabled():
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return self._core.scale(outputs)
+
+        def apply(val):
+            if isinstance(val, torch.Tensor):
+                return self._core.scale(val)
+            if isinstance(val, abc.Iterable):
+                iterable = map(apply, val)
+                if isinstance(val, (list, tuple)):
+                    return type(val)(iterable)
+                return iterable
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply(outputs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divides ``optimizer``'s gradients by the scale in place and records overflow.
+
+        Call it before clipping; step() then does not divide a second time. A second
+        unscale_ before update(), or an unscale_ after step(), raises RuntimeError.
+        """
+        if not self._core.is_enabled():
+            return
+        key = id(optimizer)
+        self._core.unscale_(key, _param_groups(optimizer))
+        self._active[key] = None
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
+        """Unscales if needed, then runs ``optimizer.step(*args, **kwargs)`` unless the
+        gradients held inf/NaN. Returns what ``optimizer.step`` returned, or None when the
+        step was skipped. A closure is refused while the scaler is enabled.
+
+        An optimizer with ``_step_supports_amp_scaling`` (PyTorch's fused optimizers,
+        lucid_amp.optim's) gets the scale (None when unscale_ ran already) and the
+        overflow flag as ``optimizer.grad_scale``/``optimizer.found_inf`` for its step,
+        unscales inside its kernel and skips on the device; step then returns its value
+        as PyTorch's GradScaler does.
+        """
+        if not self._core.is_enabled():
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs or (args and callable(args[0])):
+            raise RuntimeError(_CLOSURE_MESSAGE)
+        key = id(optimizer)
+        result = []
+
+        def run_step():
+            result.append(optimizer.step(*args, **kwargs))
+
+        if not _takes_scale_and_flag(optimizer):
+            ran = self._core.step(key, _param_groups(optimizer), run_step, None)
+            self._active[key] = None
+            return result[0] if ran and result else None
+
+        def hand_off(scale, found_inf):
+            optimizer.grad_scale = scale
+            optimizer.found_inf = found_inf
+
+        try:
+            self._core.step(key, _param_groups(optimizer), run_step, hand_off)
+        finally:
+            for name in ("grad_scale", "found_inf"):
+                if name in optimizer.__dict__:
+                    delattr(optimizer, name)
+        self._active[key] = None
+        return result[0] if result else None
+
+    def update(self, new_scale: Union[None, float, torch.Tensor] = None) -> None:
+        """Backs off or grows the scale (or sets ``new_scale``, a float or a 1-element
+        tensor) and returns every optimizer to the ready stage."""
+        if not self._core.is_enabled():
+            return
+        if new_scale is not None:
+            if isinstance(new_scale, torch.Tensor):
+                reason = "new_scale should be a float or a 1-element torch.FloatTensor with requires_grad=False."
+                if new_scale.numel() != 1 or new_scale.requires_grad:
+                    raise ValueError(reason)
+                new_scale = float(new_scale.item())
+            else:
+                new_scale = float(new_scale)
+        self._core.update(new_scale)
+        self._active.clear()
+
+    # ---- queries and settings, as torch.amp.GradScaler -------------------------------------
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (reads it back from its device); 1.0 when
+        disabled."""
+        return self._core.get_scale()
+
+    def is_enabled(self) -> bool:
+        return self._core.is_enabled()
+
+    def get_growth_factor(self) -> float:
+        return self._core.options()["growth_factor"]
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_option("growth_factor", float(new_factor))
+
+    def get_backoff_factor(self) -> float:
+        return self._core.options()["backoff_factor"]
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_option("backoff_factor", float(new_factor))
+
+    def get_growth_interval(self) -> int:
+        return int(self._core.options()["growth_interval"])
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._set_option("growth_interval", int(new_interval))
+
+    def _set_option(self, key: str, value) -> None:
+        if self._core.is_enabled():
+            # The core validates it (ValueError) and keeps its scale and trackers.
+            state = self._core.state_dict()
+            state[key] = float(value)
+            if key == "growth_interval":
+                state["growth_tracker"] = min(state["growth_tracker"], value - 1)
+            self._core.load_state_dict(state)
+        else:
+            options = self._core.options()
+            options[key] = value
+            self._core = _C._GradScaler(**options)
+
+    # ---- state -------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """PyTorch's keys (``scale``, ``growth_factor``, ``backoff_factor``,
+        ``growth_interval``, ``_growth_tracker``), so that the dict loads into
+        ``torch.amp.GradScaler`` and back; plus ``min_scale``/``max_scale``/``hysteresis``
+        and ``overflow_tracker`` where a guard is on. Empty when disabled."""
+        if not self._core.is_enabled():
+            return {}
+        state = self._core.state_dict()
+        out: Dict[str, Any] = {
+            "scale": state.pop("scale"),
+            "growth_factor": state.pop("growth_factor"),
+            "backoff_factor": state.pop("backoff_factor"),
+            "growth_interval": int(state.pop("growth_interval")),
+            "_growth_tracker": int(state.pop("growth_tracker")),
+        }
+        for key, value in state.items():
+            out[key] = int(value) if key in ("hysteresis", "overflow_tracker") else value
+        return out
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads a state_dict of this class or of ``torch.amp.GradScaler``; an invalid
+        one raises ValueError and leaves the scaler unchanged."""
+        if not self._core.is_enabled():
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError(
+                "The source state dict is empty, possibly because it was saved "
+                "from a disabled instance of GradScaler."
+            )
+        state = {}
+        for key, value in state_dict.items():
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            if isinstance(value, (int, float)):
+                state[str(key)] = float(value)
+        self._core.load_state_dict(state)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._core.is_enabled() and self._active:
+            raise RuntimeError(
+                "A GradScaler instance may only be pickled at the beginning "
+                "of an iteration, or at the end after scaler.update()."
+            )
+        options = self._core.options()
+        archive = self._core.save_bytes() if self._core.is_enabled() else None
+        return {"device": self._device, "options": options, "archive": archive}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self._device = state["device"]
+        self._core = _C._GradScaler(**state["options"])
+        if state["archive"] is not None:
+            self._core.load_bytes(state["archive"])
+        self._active = {}
+
+    # ---- lucid-amp's extras ------------------------------------------------------------------
+
+    def counters(self) -> ScalerCounters:
+        """Counters of steps and scale changes (a disabled scaler counts nothing)."""
+        return ScalerCounters(**self._core.counters())
+
+    def step_skipped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the last step() of ``optimizer`` skipped optimizer.step(); survives
+        update(), so an LR scheduler can ask after the iteration."""
+        return self._core.step_skipped(id(optimizer))
+
+    def overflowed(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer``'s gradients held inf/NaN in this iteration (False before
+        unscale_/step)."""
+        if not self._core.is_enabled():
+            return False
+        return self._core.overflowed(id(optimizer), _param_groups(optimizer))
+
+    def last_overflow(self) -> Optional[OverflowReport]:
+        """The report of the last iteration that overflowed (None if none has): which
+        parameters held NaN/inf, by name once set_parameter_names was called."""
+        return _report(self._core.last_overflow())
+
+    def set_parameter_names(
+        self, named_parameters: Iterable[Tuple[str, torch.Tensor]], prefix: str = ""
+    ) -> None:
+        """Names parameters for the overflow report, e.g.
+        ``scaler.set_parameter_names(model.named_parameters())``. Held weakly."""
+        for name, param in named_parameters:
+            self._core.set_parameter_name(param, prefix + name)
+
+    def set_backoff_callback(self, fn: Optional[Callable[[BackoffEvent], None]]) -> None:
+        """``fn(event)`` is called on every backoff, after update() applied it; None
+        removes it."""
+        if fn is None:
+            self._core.set_backoff_callback(None)
+            return
+
+        def call(event: dict) -> None:
+            fn(
+                BackoffEvent(
+                    iteration=event["iteration"],
+                    old_scale=event["old_scale"],
+                    new_scale=event["new_scale"],
+                    overflow_streak=event["overflow_streak"],
+                    report=_report(event["report"]),
+                )
+            )
+
+        self._core.set_backoff_callback(call)
+
+    def set_found_inf_hook(self, fn: Optional[Callable[[torch.Tensor], None]]) -> None:
+        """``fn(found_inf)`` is called with each optimizer's overflow flag (a float32
+        0-dim tensor on the scale's device; non-zero means overflow) each time unscale_ or
+        step computes it, before anything reads it; ``fn`` may change it in place.
+        lucid_amp.distributed.bind_to_group uses it. None removes it."""
+        self._core.set_found_inf_hook(fn)
+
+    def stage(self, optimizer: torch.optim.Optimizer) -> str:
+        """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""
+        return _STAGES[self._core.stage(id(optimizer))]

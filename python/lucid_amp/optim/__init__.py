@@ -1,0 +1,5 @@
+"""lucid_amp.optim: torch.optim optimizers on lucid-amp's fused, scaler-aware kernels."""
+
+from .fused import FusedAdam, FusedAdamW, FusedSGD
+
+__all__ = ["FusedAdam", "FusedAdamW", "FusedSGD"]

@@ -1,0 +1,13 @@
+"""pytest setup for the Python package: import lucid_amp from python/ when it was built in
+place there (python3 setup.py build_ext --inplace), else the installed one."""
+
+import glob
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_IN_PLACE = os.path.join(ROOT, "python")
+if glob.glob(os.path.join(_IN_PLACE, "lucid_amp", "_C*.so")) and not os.environ.get(
+    "LUCID_AMP_TEST_INSTALLED"
+):
+    sys.path.insert(0, _IN_PLACE)

@@ -1,0 +1,54 @@
+"""lucid_amp.distributed: two Gloo ranks (processes) agree on overflow; without the
+agreement they drift apart (the test can tell)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="this PyTorch has no Gloo")
+
+
+def run_ranks(tmp_path, mode, world=2):
+    import lucid_amp
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(lucid_amp.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
+    store = str(tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), str(r), str(world), store, mode],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def test_an_overflow_on_one_rank_makes_every_rank_skip_and_back_off(tmp_path):
+    r0, r1 = run_ranks(tmp_path, "bind")
+    assert r0["skips"] == r1["skips"] == [False, False, False, True, False, False, False, False]
+    assert r0["scales"] == r1["scales"]
+    assert r0["scales"][2:4] == [512.0, 256.0]  # grown after 3 clean updates, then backed off
+    assert r0["checksum"] == r1["checksum"]
+    assert r0["all_reduces"] == r1["all_reduces"] == 8  # one per step
+
+
+def test_without_the_agreement_the_ranks_drift_apart(tmp_path):
+    r0, r1 = run_ranks(tmp_path, "alone")
+    assert r0["skips"][3] is False and r1["skips"][3] is True
+    assert r0["scales"] != r1["scales"]
+    assert r0["checksum"] != r1["checksum"]

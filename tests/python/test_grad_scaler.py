@@ -1,0 +1,757 @@
+"""lucid_amp.GradScaler: the reference API's rules, errors and dtype rules, state_dict and
+pickling, PyTorch's optimizer protocol and lucid-amp's extras, on the CPU."""
+
+import math
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import lucid_amp
+
+
+def make_model(init=0, features=4):
+    torch.manual_seed(init)
+    return torch.nn.Sequential(torch.nn.Linear(features, 3), torch.nn.Linear(3, 1))
+
+
+def backward(scaler, model, batch=1):
+    g = torch.Generator().manual_seed(batch)
+    x = torch.randn(5, model[0].in_features, generator=g)
+    loss = model(x).pow(2).mean()
+    scaler.scale(loss).backward()
+    return loss
+
+
+def grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same(xs, ys):
+    return all(torch.equal(a, b) for a, b in zip(xs, ys))
+
+
+@pytest.fixture
+def scaler():
+    return lucid_amp.GradScaler("cpu", init_scale=2.0**10)
+
+
+# ---- scale -----------------------------------------------------------------------------------
+
+
+def test_scale_multiplies_a_tensor_and_keeps_the_graph(scaler):
+    x = torch.tensor([1.5, -2.0], requires_grad=True)
+    y = scaler.scale(x)
+    assert torch.equal(y, x.detach() * 1024)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((2,), 1024.0))
+
+
+def test_scale_returns_at_least_float32(scaler):
+    assert scaler.scale(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
+    assert scaler.scale(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+    assert scaler.scale(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_scale_keeps_nested_lists_and_tuples(scaler):
+    a, b, c = torch.ones(1), torch.full((2,), 2.0), torch.full((3,), 3.0)
+    out = scaler.scale([a, (b, [c])])
+    assert isinstance(out, list) and isinstance(out[1], tuple) and isinstance(out[1][1], list)
+    assert torch.equal(out[0], a * 1024)
+    assert torch.equal(out[1][0], b * 1024)
+    assert torch.equal(out[1][1][0], c * 1024)
+
+
+def test_scale_refuses_what_is_not_a_tensor(scaler):
+    with pytest.raises(ValueError):
+        scaler.scale([torch.ones(1), 3.0])
+
+
+# ---- the stage machine ---------------------------------------------------------------------
+
+
+def test_unscale_divides_the_gradients_once_and_step_does_not_divide_again(scaler):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaled = grads(model)
+    scaler.unscale_(opt)
+    assert scaler.stage(opt) == "unscaled"
+    assert same(grads(model), [g / 1024 for g in scaled])
+    before = params(model)
+    scaler.step(opt)
+    assert scaler.stage(opt) == "stepped"
+    assert same(params(model), [p - 0.1 * g / 1024 for p, g in zip(before, scaled)])
+    scaler.update()
+    assert scaler.stage(opt) == "ready"
+
+
+def test_unscale_twice_raises_runtime_error_and_changes_nothing(scaler):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaler.unscale_(opt)
+    once = grads(model)
+    with pytest.raises(RuntimeError, match="unscale_"):
+        scaler.unscale_(opt)
+    assert same(grads(model), once)
+    assert scaler.stage(opt) == "unscaled"
+
+
+def test_unscale_after_step_raises_runtime_error(scaler):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaler.step(opt)
+    g = grads(model)
+    with pytest.raises(RuntimeError, match="after step"):
+        scaler.unscale_(opt)
+    assert same(grads(model), g)
+    assert scaler.stage(opt) == "stepped"
+
+
+def test_step_twice_raises_runtime_error_and_does_not_step_again(scaler):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaler.step(opt)
+    p = params(model)
+    with pytest.raises(RuntimeError, match="step"):
+        scaler.step(opt)
+    assert same(params(model), p)
+
+
+@pytest.mark.parametrize("how", ["keyword", "positional"])
+def test_closure_while_enabled_raises_runtime_error_and_nothing_steps(scaler, how):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    g, p = grads(model), params(model)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        return torch.zeros(())
+
+    with pytest.raises(RuntimeError, match="closure"):
+        if how == "keyword":
+            scaler.step(opt, closure=closure)
+        else:
+            scaler.step(opt, closure)
+    assert not calls
+    assert same(grads(model), g) and same(params(model), p)
+    assert scaler.stage(opt) == "ready"
+    scaler.step(opt)  # the iteration can go on
+
+
+def test_step_returns_what_the_optimizer_returned_or_none_when_skipped(scaler):
+    class Returning(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step()
+            return "stepped"
+
+    model = make_model()
+    opt = Returning(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    assert scaler.step(opt) == "stepped"
+    scaler.update()
+    opt.zero_grad()
+    backward(scaler, model)
+    next(model.parameters()).grad[0, 0] = math.inf
+    assert scaler.step(opt) is None
+
+
+def test_an_exception_from_the_optimizer_reaches_the_caller_unchanged(scaler):
+    class Failing(torch.optim.SGD):
+        def step(self, closure=None):
+            raise KeyError("from the optimizer")
+
+    model = make_model()
+    opt = Failing(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    with pytest.raises(KeyError, match="from the optimizer"):
+        scaler.step(opt)
+
+
+# ---- dtype rules ----------------------------------------------------------------------------
+
+
+def _one_param_optimizer(grad):
+    p = torch.nn.Parameter(torch.zeros(grad.shape, dtype=grad.dtype))
+    p.grad = grad
+    return p, torch.optim.SGD([p], lr=1.0)
+
+
+def test_float16_gradients_raise_value_error_and_nothing_is_unscaled(scaler):
+    ok = torch.nn.Parameter(torch.zeros(3))
+    ok.grad = torch.full((3,), 2048.0)
+    half = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))
+    half.grad = torch.full((3,), 2048.0, dtype=torch.float16)
+    opt = torch.optim.SGD([ok, half], lr=1.0)
+    scaler.scale(torch.ones(1))
+    with pytest.raises(ValueError, match="float16"):
+        scaler.unscale_(opt)
+    assert torch.equal(ok.grad, torch.full((3,), 2048.0))
+    assert scaler.stage(opt) == "ready"
+    with pytest.raises(ValueError, match="float16"):
+        scaler.step(opt)
+    assert torch.equal(ok, torch.zeros(3))
+    assert scaler.stage(opt) == "ready"
+
+
+def test_complex_gradients_raise_not_implemented_error_and_change_nothing(scaler):
+    ok = torch.nn.Parameter(torch.zeros(2))
+    ok.grad = torch.full((2,), 2048.0)
+    cplx = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    cplx.grad = torch.ones(2, dtype=torch.complex64)
+    opt = torch.optim.SGD([{"params": [ok]}, {"params": [cplx]}], lr=1.0)
+    scaler.scale(torch.ones(1))
+    with pytest.raises(NotImplementedError, match="complex"):
+        scaler.unscale_(opt)
+    assert torch.equal(ok.grad, torch.full((2,), 2048.0))
+    assert scaler.stage(opt) == "ready"
+    with pytest.raises(NotImplementedError):
+        scaler.step(opt)
+    assert torch.equal(ok, torch.zeros(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_bfloat16_and_float64_gradients_are_unscaled_in_their_dtype(scaler, dtype):
+    grad = torch.tensor([3072.0, -512.0, 1.0], dtype=dtype)
+    p, opt = _one_param_optimizer(grad.clone())
+    scaler.scale(torch.ones(1))
+    scaler.unscale_(opt)
+    assert p.grad.dtype == dtype
+    assert torch.equal(p.grad, grad / 1024)
+    assert not scaler.overflowed(opt)
+
+
+def test_float64_unscaling_keeps_float64_precision():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=3.0)
+    grad = torch.tensor([1.0 / 3.0 * 3.0 + 1e-12], dtype=torch.float64)
+    p, opt = _one_param_optimizer(grad.clone())
+    scaler.scale(torch.ones(1))
+    scaler.unscale_(opt)
+    # float32 arithmetic would lose the 1e-12
+    assert abs(p.grad.item() - grad.item() / 3.0) < 1e-15
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_every_kind_of_non_finite_is_found_and_the_step_skipped(scaler, bad):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    list(model.parameters())[-1].grad[0] = bad
+    p = params(model)
+    assert scaler.step(opt) is None
+    assert scaler.step_skipped(opt) and scaler.overflowed(opt)
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+
+
+# ---- update -------------------------------------------------------------------------------
+
+
+def test_update_grows_after_growth_interval_clean_steps():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=4.0, growth_factor=3.0, growth_interval=2)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen = []
+    for _ in range(4):
+        opt.zero_grad()
+        backward(scaler, model)
+        scaler.step(opt)
+        scaler.update()
+        seen.append(scaler.get_scale())
+    assert seen == [4.0, 12.0, 12.0, 36.0]
+
+
+def test_update_new_scale_takes_a_float_or_a_one_element_tensor(scaler):
+    scaler.update(8.0)
+    assert scaler.get_scale() == 8.0
+    scaler.update(torch.tensor([16.0]))
+    assert scaler.get_scale() == 16.0
+    with pytest.raises(ValueError):
+        scaler.update(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError):
+        scaler.update(-1.0)
+    with pytest.raises(ValueError):
+        scaler.update(math.inf)
+    assert scaler.get_scale() == 16.0
+
+
+# ---- options ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.0),
+     dict(backoff_factor=0.0), dict(growth_interval=0), dict(hysteresis=0),
+     dict(min_scale=-1.0), dict(max_scale=1.0)],
+)
+def test_invalid_options_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        lucid_amp.GradScaler("cpu", **kwargs)
+
+
+def test_getters_and_setters():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=8.0, growth_factor=4.0, backoff_factor=0.25,
+                                  growth_interval=3)
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()) == (4.0, 0.25, 3)
+    assert scaler.is_enabled()
+    scaler.set_growth_factor(3.0)
+    scaler.set_backoff_factor(0.5)
+    scaler.set_growth_interval(1)
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()) == (3.0, 0.5, 1)
+    with pytest.raises(ValueError):
+        scaler.set_growth_factor(0.5)
+    assert scaler.get_growth_factor() == 3.0
+    # the new interval and factor act on the next update
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    backward(scaler, model)
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 24.0
+
+
+# ---- disabled ------------------------------------------------------------------------------
+
+
+def test_disabled_scaler_is_a_pass_through():
+    scaler = lucid_amp.GradScaler("cpu", enabled=False)
+    assert not scaler.is_enabled()
+    x = torch.ones(2)
+    assert scaler.scale(x) is x
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    calls = []
+
+    def closure():
+        calls.append(1)
+        return torch.zeros(())
+
+    scaler.step(opt, closure)  # a closure is allowed while disabled
+    assert calls == [1]
+    scaler.update()
+    assert scaler.get_scale() == 1.0
+    assert scaler.state_dict() == {}
+    scaler.set_growth_interval(7)
+    assert scaler.get_growth_interval() == 7
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_scaler_without_cuda_warns_and_disables_itself():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler = lucid_amp.GradScaler()
+    assert not scaler.is_enabled()
+    assert any("CUDA is not available" in str(w.message) for w in caught)
+
+
+# ---- state_dict ---------------------------------------------------------------------------
+
+
+def _advanced_scaler(**kwargs):
+    scaler = lucid_amp.GradScaler("cpu", init_scale=64.0, growth_interval=5, **kwargs)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(3):
+        opt.zero_grad()
+        backward(scaler, model)
+        scaler.step(opt)
+        scaler.update()
+    return scaler
+
+
+def test_state_dict_has_pytorchs_keys_and_types():
+    state = _advanced_scaler().state_dict()
+    assert state == {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                     "growth_interval": 5, "_growth_tracker": 3}
+    assert isinstance(state["growth_interval"], int) and isinstance(state["_growth_tracker"], int)
+
+
+def test_state_dict_round_trip_and_guard_keys():
+    src = _advanced_scaler(hysteresis=2, max_scale=1024.0)
+    state = src.state_dict()
+    assert state["hysteresis"] == 2 and state["max_scale"] == 1024.0
+    dst = lucid_amp.GradScaler("cpu", init_scale=2.0, growth_interval=9)
+    dst.load_state_dict(state)
+    assert dst.state_dict() == state
+
+
+def test_load_state_dict_refuses_invalid_states_and_keeps_its_own():
+    scaler = _advanced_scaler()
+    before = scaler.state_dict()
+    for bad in ({"scale": 1.0}, dict(before, scale=-1.0), dict(before, _growth_tracker=5),
+                dict(before, growth_factor=0.9)):
+        with pytest.raises(ValueError):
+            scaler.load_state_dict(bad)
+        assert scaler.state_dict() == before
+    with pytest.raises(RuntimeError, match="empty"):
+        scaler.load_state_dict({})
+
+
+def _torch_cpu_scaler_class():
+    amp = getattr(torch, "amp", None)
+    cls = getattr(amp, "GradScaler", None) if amp is not None else None
+    if cls is None:
+        return None
+    try:
+        cls("cpu")
+    except Exception:  # a torch.amp.GradScaler without a CPU path
+        return None
+    return cls
+
+
+def torch_scaler(monkeypatch, **kwargs):
+    """PyTorch's own scaler for the state_dict round trip: torch.amp.GradScaler("cpu")
+    where it exists; else (1.13) torch.cuda.amp.GradScaler with its CUDA check patched
+    out, which works as long as no tensor is scaled (state_dict reads host values)."""
+    cls = _torch_cpu_scaler_class()
+    if cls is not None:
+        return cls("cpu", **kwargs)
+    gs = pytest.importorskip("torch.cuda.amp.grad_scaler")
+    if not hasattr(gs, "amp_definitely_not_available"):
+        pytest.skip("this PyTorch has no GradScaler usable without CUDA")
+    monkeypatch.setattr(gs, "amp_definitely_not_available", lambda: False)
+    return gs.GradScaler(**kwargs)
+
+
+def test_a_lucid_state_dict_loads_into_pytorchs_scaler(monkeypatch):
+    state = _advanced_scaler().state_dict()
+    theirs = torch_scaler(monkeypatch, init_scale=2.0, growth_interval=9)
+    theirs.load_state_dict(state)
+    assert theirs.state_dict() == {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                   "growth_interval": 5, "_growth_tracker": 3}
+    assert theirs.get_scale() == 64.0 and theirs.get_growth_interval() == 5
+
+
+def test_pytorchs_state_dict_loads_into_a_lucid_scaler(monkeypatch):
+    theirs = torch_scaler(monkeypatch, init_scale=256.0, growth_factor=4.0, backoff_factor=0.25,
+                          growth_interval=7)
+    state = theirs.state_dict()
+    assert "_growth_tracker" in state
+    ours = lucid_amp.GradScaler("cpu")
+    ours.load_state_dict(state)
+    assert ours.get_scale() == 256.0
+    assert ours.state_dict() == {"scale": 256.0, "growth_factor": 4.0, "backoff_factor": 0.25,
+                                 "growth_interval": 7, "_growth_tracker": state["_growth_tracker"]}
+
+
+# ---- pickling ------------------------------------------------------------------------------
+
+
+def test_pickling_keeps_state_options_and_counters():
+    src = _advanced_scaler(hysteresis=3, min_scale=1.0)
+    dst = pickle.loads(pickle.dumps(src))
+    assert dst.state_dict() == src.state_dict()
+    assert dst.counters() == src.counters() and dst.counters().steps_taken == 3
+    assert dst.get_growth_interval() == 5
+    with pytest.raises(ValueError, match="min_scale"):
+        dst.update(0.5)  # min_scale survived: below the guard
+    disabled = pickle.loads(pickle.dumps(lucid_amp.GradScaler("cpu", enabled=False)))
+    assert not disabled.is_enabled()
+
+
+def test_pickling_in_the_middle_of_an_iteration_is_refused(scaler):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="pickled"):
+        pickle.dumps(scaler)
+    scaler.step(opt)
+    scaler.update()
+    pickle.dumps(scaler)
+
+
+# ---- PyTorch's protocol for scaler-aware optimizers -----------------------------------------
+
+
+class ScalerAwareSGD(torch.optim.Optimizer):
+    """Follows PyTorch's fused-optimizer protocol: reads self.grad_scale/self.found_inf,
+    divides the gradients by the scale itself and skips when found_inf is set."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr):
+        super().__init__(params, dict(lr=lr))
+        self.seen = []
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        self.seen.append((None if grad_scale is None else grad_scale.item(),
+                          None if found_inf is None else found_inf.item()))
+        if found_inf is not None and found_inf.item() != 0:
+            return "skipped-on-device"
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad if grad_scale is None else p.grad / grad_scale
+                p.add_(g, alpha=-group["lr"])
+        return "ran"
+
+
+def test_a_scaler_aware_optimizer_gets_the_scale_and_the_flag_and_unscales_itself(scaler):
+    model = make_model()
+    opt = ScalerAwareSGD(model.parameters(), lr=0.1)
+    control = make_model()
+    backward(scaler, model)
+    scaled = grads(model)
+    assert scaler.step(opt) == "ran"
+    assert opt.seen == [(1024.0, 0.0)]
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    # the scaler only checked the gradients: they are still scaled
+    assert same(grads(model), scaled)
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+
+
+def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overflow(scaler):
+    model = make_model()
+    opt = ScalerAwareSGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    assert opt.seen[-1] == (None, 0.0)
+    scaler.update()
+    opt.zero_grad()
+    backward(scaler, model)
+    next(model.parameters()).grad.view(-1)[0] = math.nan
+    p = params(model)
+    assert scaler.step(opt) == "skipped-on-device"
+    assert opt.seen[-1] == (1024.0, 1.0)
+    assert scaler.step_skipped(opt)
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+
+
+class OldProtocolSGD(torch.optim.SGD):
+    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument."""
+
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, *, grad_scaler=None):
+        assert grad_scaler is None
+        assert not hasattr(self, "grad_scale")
+        return super().step(closure)
+
+
+def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
+    model, control = make_model(), make_model()
+    opt = OldProtocolSGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaled = grads(model)
+    scaler.step(opt)
+    assert same(grads(model), [g / 1024 for g in scaled])
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.inf
+    p = params(model)
+    scaler.step(opt)
+    assert scaler.step_skipped(opt) and same(params(model), p)
+
+
+def _has_cpu_fused_adam():
+    try:
+        p = torch.nn.Parameter(torch.zeros(1))
+        p.grad = torch.zeros(1)
+        torch.optim.Adam([p], fused=True).step()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _has_cpu_fused_adam(), reason="this PyTorch has no fused Adam on the CPU")
+def test_pytorchs_fused_adam_through_its_own_protocol_matches_for_loop_adam():
+    ref_model, fused_model = make_model(), make_model()
+    ref_opt = torch.optim.Adam(ref_model.parameters(), lr=1e-2, foreach=False)
+    fused_opt = torch.optim.Adam(fused_model.parameters(), lr=1e-2, fused=True)
+    s_ref = lucid_amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    s_fused = lucid_amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    for it in range(6):
+        for m, o, s in ((ref_model, ref_opt, s_ref), (fused_model, fused_opt, s_fused)):
+            o.zero_grad()
+            backward(s, m, batch=it)
+            if it == 3:
+                next(m.parameters()).grad.view(-1)[0] = math.inf
+            s.step(o)
+            s.update()
+        assert s_ref.get_scale() == s_fused.get_scale()
+        assert s_fused.step_skipped(fused_opt) == (it == 3)
+        for a, b in zip(ref_model.parameters(), fused_model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+# ---- lucid-amp's extras -------------------------------------------------------------------
+
+
+def test_counters_step_skipped_and_the_overflow_report_name_the_parameter():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10)
+    model = make_model()
+    scaler.set_parameter_names(model.named_parameters(), prefix="net.")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert scaler.last_overflow() is None
+    backward(scaler, model)
+    scaler.step(opt)
+    scaler.update()
+    assert not scaler.step_skipped(opt)
+    opt.zero_grad()
+    backward(scaler, model)
+    model[1].bias.grad[0] = math.nan
+    model[1].weight.grad[0, 1] = math.inf
+    model[1].weight.grad[0, 2] = -math.inf
+    scaler.step(opt)
+    assert scaler.step_skipped(opt)
+    report = scaler.last_overflow()
+    assert report.scale == 1024.0 and report.optimizers == 1
+    by_name = {g.name: g for g in report.gradients}
+    assert set(by_name) == {"net.1.weight", "net.1.bias"}
+    assert by_name["net.1.weight"].inf_count == 2 and by_name["net.1.weight"].nan_count == 0
+    assert by_name["net.1.bias"].nan_count == 1
+    assert by_name["net.1.weight"].sizes == (1, 3)
+    assert by_name["net.1.weight"].dtype == torch.float32
+    assert by_name["net.1.weight"].device == torch.device("cpu")
+    assert "net.1.bias" in str(report)
+    scaler.update()
+    assert scaler.step_skipped(opt)  # survives update()
+    c = scaler.counters()
+    assert (c.steps_taken, c.steps_skipped, c.updates, c.overflow_updates, c.backoffs,
+            c.overflow_streak) == (1, 1, 2, 1, 1, 1)
+
+
+def test_backoff_callback_and_hysteresis():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, hysteresis=2)
+    events = []
+    scaler.set_backoff_callback(events.append)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        backward(scaler, model)
+        model[0].bias.grad[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+    # hysteresis 2: the first overflow keeps the scale, the second backs off and so does
+    # every further one of the same streak (Megatron-LM's and DeepSpeed's rule)
+    assert [(e.old_scale, e.new_scale) for e in events] == [(1024.0, 512.0), (512.0, 256.0)]
+    assert [e.overflow_streak for e in events] == [2, 3]
+    assert events[0].report is not None and events[0].report.gradients[0].param_group == 0
+    assert scaler.get_scale() == 256.0
+    scaler.set_backoff_callback(None)
+
+
+def test_min_scale_guard_raises_and_changes_nothing():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=4.0, min_scale=4.0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.inf
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="diverging"):
+        scaler.update()
+    assert scaler.get_scale() == 4.0
+    assert scaler.stage(opt) == "stepped"
+
+
+def test_max_scale_caps_growth():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=4.0, growth_interval=1, max_scale=8.0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    for _ in range(3):
+        opt.zero_grad()
+        backward(scaler, model)
+        scaler.step(opt)
+        scaler.update()
+    assert scaler.get_scale() == 8.0
+
+
+def _overflowing_iteration(scaler, model, opt):
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.inf
+    scaler.step(opt)
+    scaler.update()
+
+
+def test_min_scale_policy_clamp_holds_the_scale_and_counts():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=8.0, min_scale=4.0, min_scale_policy="clamp")
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        _overflowing_iteration(scaler, model, opt)
+    assert scaler.get_scale() == 4.0
+    assert scaler.counters().min_scale_holds == 2
+    with pytest.raises(ValueError, match="min_scale_policy"):
+        lucid_amp.GradScaler("cpu", min_scale_policy="sometimes")
+
+
+def test_max_overflow_streak_raises_runtime_error_and_applies_nothing():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, max_overflow_streak=3)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _overflowing_iteration(scaler, model, opt)
+    _overflowing_iteration(scaler, model, opt)
+    with pytest.raises(RuntimeError):
+        _overflowing_iteration(scaler, model, opt)
+    assert scaler.get_scale() == 256.0
+
+
+def test_overflow_warning_streak_reaches_python_as_a_warning():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, overflow_warning_streak=2)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            _overflowing_iteration(scaler, model, opt)
+    streak = [w for w in caught if "consecutive" in str(w.message)]
+    assert len(streak) == 1  # once per streak
+
+
+def test_strict_inf_checks_raises_pytorchs_errors():
+    lenient = lucid_amp.GradScaler("cpu")
+    strict = lucid_amp.GradScaler("cpu", strict_inf_checks=True)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lenient.update()  # nothing checked: counted, scale left as it is
+    assert lenient.counters().updates_without_checks == 1
+    with pytest.raises(RuntimeError, match="No inf checks were recorded prior to update"):
+        strict.update()
+    strict.scale(torch.ones(1))
+    with pytest.raises(RuntimeError, match="No inf checks were recorded for this optimizer"):
+        strict.step(opt)  # no parameter has a gradient
+
+
+def test_hysteresis_refill_on_clean_update():
+    def run(refill):
+        scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, hysteresis=2, growth_interval=100,
+                                      hysteresis_refill=refill)
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in (True, False, True):  # two overflows separated by a clean update
+            if bad:
+                _overflowing_iteration(scaler, model, opt)
+            else:
+                opt.zero_grad()
+                backward(scaler, model)
+                scaler.step(opt)
+                scaler.update()
+        return scaler.get_scale()
+
+    assert run("on_growth") == 512.0  # the count was used up across the clean update
+    assert run("on_clean_update") == 1024.0  # refilled by it

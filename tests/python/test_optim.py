@@ -1,0 +1,186 @@
+"""lucid_amp.optim: the fused optimizers against torch.optim within float32 rounding over
+100 steps, their state_dicts in torch.optim's form both ways, LR schedulers, and the
+scaler-aware protocol with lucid_amp.GradScaler (skip on overflow, unscaling inside)."""
+
+import math
+
+import pytest
+import torch
+
+import lucid_amp
+from lucid_amp.optim import FusedAdam, FusedAdamW, FusedSGD
+
+CASES = {
+    "adam": (FusedAdam, torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.01)),
+    "adam-amsgrad": (FusedAdam, torch.optim.Adam, dict(lr=1e-2, amsgrad=True)),
+    "adamw": (FusedAdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+    "adamw-amsgrad": (FusedAdamW, torch.optim.AdamW, dict(lr=1e-2, amsgrad=True)),
+    "sgd": (FusedSGD, torch.optim.SGD, dict(lr=0.05)),
+    "sgd-momentum": (FusedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1,
+                                                     weight_decay=0.01)),
+    "sgd-nesterov": (FusedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
+}
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def make_model(dtype=torch.float32):
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3)).to(dtype)
+
+
+def data(n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(11)
+    return [(torch.randn(8, 10, generator=g, dtype=dtype), torch.randn(8, 3, generator=g, dtype=dtype))
+            for _ in range(n)]
+
+
+def train(model, opt, batches, scaler=None, inject=()):
+    for i, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if i in inject:
+            model[0].weight.grad[0, 0] = math.inf
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        elif i not in inject:
+            opt.step()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_matches_torch_optim_over_100_steps(case, dtype):
+    fused_cls, torch_cls, kw = CASES[case]
+    a, b = make_model(dtype), make_model(dtype)
+    opt_a, opt_b = fused_cls(a.parameters(), **kw), torch_cls(b.parameters(), **kw)
+    batches = data(100, dtype)
+    train(a, opt_a, batches)
+    train(b, opt_b, batches)
+    tol = TOL if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, **tol)
+    assert not torch.equal(a[0].weight, make_model(dtype)[0].weight)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_with_the_scaler_fused_matches_torch_optim_and_skips_on_overflow(case):
+    fused_cls, torch_cls, kw = CASES[case]
+    a, b = make_model(), make_model()
+    opt_a, opt_b = fused_cls(a.parameters(), **kw), torch_cls(b.parameters(), **kw)
+    batches = data(30)
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=5)
+    train(a, opt_a, batches, scaler=scaler, inject=(3, 4, 17))
+    train(b, opt_b, batches, inject=(3, 4, 17))  # the control skips the same steps
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+    c = scaler.counters()
+    assert (c.steps_taken, c.steps_skipped, c.backoffs) == (27, 3, 3)
+    if "step" in opt_a.state[a[0].weight]:
+        assert opt_a.state[a[0].weight]["step"].item() == 27.0
+
+
+def test_the_fused_optimizer_unscales_inside_its_kernel():
+    """With the scale handed over, the step equals a step on gradients divided by hand."""
+    a, b = make_model(), make_model()
+    opt_a = FusedAdamW(a.parameters(), lr=1e-2)
+    opt_b = FusedAdamW(b.parameters(), lr=1e-2)
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10)
+    x, y = data(1)[0]
+    scaler.scale(torch.nn.functional.mse_loss(a(x), y)).backward()
+    torch.nn.functional.mse_loss(b(x), y).backward()
+    scaler.step(opt_a)
+    assert not hasattr(opt_a, "grad_scale") and not hasattr(opt_a, "found_inf")
+    opt_b.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    # and the scale mattered: without it the step differs
+    c = make_model()
+    opt_c = FusedAdamW(c.parameters(), lr=1e-2, eps=1e-3)
+    opt_a2 = FusedAdamW(make_model().parameters(), lr=1e-2, eps=1e-3)
+    (torch.nn.functional.mse_loss(c(x), y) * 2.0**10).backward()
+    opt_c.step()  # wrong: scaled gradients, no scaler
+    m = opt_a2.param_groups[0]["params"]
+    m[0].grad, m[1].grad = c[0].weight.grad / 2.0**10, c[0].bias.grad / 2.0**10
+    opt_a2.step()
+    assert not torch.equal(c[0].weight, m[0])
+
+
+@pytest.mark.parametrize("case", ["adam", "adamw-amsgrad", "sgd-momentum"])
+def test_state_dict_moves_to_torch_optim_and_back(case):
+    fused_cls, torch_cls, kw = CASES[case]
+    batches = data(20)
+    ref = make_model()
+    ref_opt = torch_cls(ref.parameters(), **kw)
+    train(ref, ref_opt, batches)
+
+    # 10 steps fused, then torch.optim, from the fused state_dict
+    a = make_model()
+    opt_a = fused_cls(a.parameters(), **kw)
+    train(a, opt_a, batches[:10])
+    sd = opt_a.state_dict()
+    names = set(sd["state"][0])
+    assert names >= ({"exp_avg", "exp_avg_sq"} if "adam" in case else {"momentum_buffer"})
+    opt_t = torch_cls(a.parameters(), **kw)
+    opt_t.load_state_dict(sd)
+    train(a, opt_t, batches[10:])
+    for p, q in zip(a.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+    # 10 steps torch.optim, then fused, from the torch state_dict
+    b = make_model()
+    opt_b = torch_cls(b.parameters(), **kw)
+    train(b, opt_b, batches[:10])
+    opt_f = fused_cls(b.parameters(), **kw)
+    opt_f.load_state_dict(opt_b.state_dict())
+    train(b, opt_f, batches[10:])
+    for p, q in zip(b.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+def test_lr_scheduler_drives_the_fused_optimizer():
+    a, b = make_model(), make_model()
+    opt_a = FusedAdamW(a.parameters(), lr=1e-2)
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    sa = torch.optim.lr_scheduler.StepLR(opt_a, step_size=3, gamma=0.3)
+    sb = torch.optim.lr_scheduler.StepLR(opt_b, step_size=3, gamma=0.3)
+    for x, y in data(12):
+        for m, o, s in ((a, opt_a, sa), (b, opt_b, sb)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+            s.step()
+    assert opt_a.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.3**4)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+def test_param_groups_with_their_own_options_and_parameters_without_gradients():
+    a, b = make_model(), make_model()
+    groups = lambda m: [{"params": m[0].parameters(), "lr": 1e-3},
+                        {"params": m[2].parameters(), "weight_decay": 0.5}]
+    opt_a, opt_b = FusedAdamW(groups(a), lr=1e-2), torch.optim.AdamW(groups(b), lr=1e-2)
+    for x, y in data(5):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            m[2].bias.grad = None  # a parameter that took no part
+            o.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+def test_errors():
+    with pytest.raises(ValueError):
+        FusedAdam([torch.nn.Parameter(torch.zeros(1))], lr=-1.0)
+    with pytest.raises(ValueError):
+        FusedSGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, nesterov=True)
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    p.grad = torch.ones(2, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="float32"):
+        FusedAdamW([p]).step()
+    q = torch.nn.Parameter(torch.zeros(3))
+    q.grad = torch.ones(3).to_sparse()
+    with pytest.raises(NotImplementedError, match="sparse"):
+        FusedSGD([q], lr=0.1).step()
