@@ -15,6 +15,10 @@
 namespace lucid {
 namespace amp {
 
+// The norms a device table accumulates itself; every other norm type is computed from
+// ATen operations by the routing.
+enum class NormKind { kTwo, kInf };
+
 // The entry points of one device's kernels. The same signatures on every device;
 // unchecked on purpose: kernel_routing.cpp owns the preconditions of kernel_routing.h
 // and hands a table only what that table takes (below).
@@ -36,6 +40,15 @@ struct AmpBackend {
   // non-finite. `scale` may be undefined (multiply by 1). Args as above.
   void (*check_finite_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                         at::Tensor& found_inf);
+
+  // The read-only check with the gradients' norm accumulated in the same pass: raises
+  // `found_inf` as check_finite_ does, and returns the norm's partial over these
+  // gradients times 1/scale: the sum of squares (NormKind::kTwo) or the largest absolute
+  // value (NormKind::kInf), float32, 0-dim, on the gradients' device. Accumulated in
+  // float32 per chunk of work and reduced in a fixed order, so the same gradients give
+  // the same bits run to run. NaN reaches the result. Args as check_finite_.
+  at::Tensor (*check_and_norm_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                at::Tensor& found_inf, NormKind kind);
 
   // One step of the sawtooth (detail::next_scale_state with guards off).
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on

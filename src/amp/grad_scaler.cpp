@@ -53,6 +53,16 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 
 void GradScaler::unscale_(const OptimizerView& view) { core_().unscale_(view); }
 
+torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
+                                          double norm_type) {
+  return core_().clip_grad_norm_(detail::view_of(optimizer, nullptr), max_norm, norm_type);
+}
+
+torch::Tensor GradScaler::clip_grad_norm_(const OptimizerView& view, double max_norm,
+                                          double norm_type) {
+  return core_().clip_grad_norm_(view, max_norm, norm_type);
+}
+
 std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer) {
   return step(optimizer, nullptr);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <iterator>
 
 namespace lucid {
@@ -112,6 +113,69 @@ void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scal
 void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                          at::Tensor& found_inf) {
   run_groups<false>(grads, scale, found_inf);
+}
+
+namespace {
+
+// The norm's partials of every launch group (one per backend and device), combined on
+// `found_inf`'s device: summed for kTwo, the largest for kInf (ATen's max keeps NaN).
+at::Tensor combined_partial(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                            at::Tensor& found_inf, NormKind kind) {
+  std::vector<at::Tensor> partials;
+  const auto add = [&](const AmpBackend& backend, const std::vector<at::Tensor>& tensors) {
+    partials.push_back(
+        backend.check_and_norm_(tensors, scale, found_inf, kind).to(found_inf.device()));
+  };
+  if (const AmpBackend* backend = one_dense_backend(grads)) {
+    add(*backend, grads);
+  } else {
+    for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
+      add(*group.backend, group.tensors);
+    }
+  }
+  if (partials.size() == 1) {
+    return partials.front();
+  }
+  const at::Tensor stacked = at::stack(partials);
+  return kind == NormKind::kTwo ? stacked.sum() : stacked.max();
+}
+
+// PyTorch's algorithm for other norm types: the p-norm of the per-tensor p-norms of the
+// gradients times 1/scale, each in its opmath type.
+at::Tensor norm_of_norms(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         const at::Tensor& found_inf, double norm_type) {
+  std::vector<at::Tensor> norms;
+  for (const auto& grad : grads) {
+    const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
+    const at::ScalarType opmath = values.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor work = values.to(opmath);
+    if (scale.defined()) {
+      work = work * scale.to(values.device(), opmath).reciprocal();
+    }
+    norms.push_back(at::norm(work, norm_type).to(found_inf.device(), at::kFloat));
+  }
+  return at::norm(at::stack(norms), norm_type);
+}
+
+}  // namespace
+
+at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, double norm_type) {
+  if (grads.empty()) {
+    return at::zeros({}, found_inf.options());
+  }
+  at::Tensor norm;
+  if (norm_type == 2.0) {
+    norm = combined_partial(grads, scale, found_inf, NormKind::kTwo).sqrt();
+  } else if (std::isinf(norm_type)) {
+    norm = combined_partial(grads, scale, found_inf, NormKind::kInf);
+  } else {
+    run_groups<false>(grads, scale, found_inf);
+    norm = norm_of_norms(grads, scale, found_inf, norm_type);
+  }
+  // Squares of finite values can overflow float32: a non-finite norm is an overflow too.
+  found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
+  return norm;
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,

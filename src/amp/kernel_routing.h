@@ -36,6 +36,15 @@ void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scal
 void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                          at::Tensor& found_inf);
 
+// The read-only check of check_grads_finite_, with the total norm of the gradients times
+// 1/scale (`scale` undefined: the gradients as they are) computed in the same read pass
+// for norm_type 2 and inf: returns it as a float32 0-dim tensor on `found_inf`'s device,
+// with no host synchronisation. Other norm types (any finite p > 0) take ATen operations,
+// PyTorch's clip_grad_norm_ algorithm (the norm of the per-tensor norms). A non-finite
+// norm raises `found_inf` too. Deterministic: the same gradients give the same bits.
+at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, double norm_type);
+
 // One step of the sawtooth, on the scale's device, with no host synchronisation.
 // Args:
 //   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0 (never below

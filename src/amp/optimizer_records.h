@@ -22,6 +22,10 @@ struct OptimizerRecord {
   // The flag is evidence about this iteration: gradients were checked, or a found_inf
   // hook (another rank's check) ran on it. An update() with no evidence grows nothing.
   bool checked = false;
+  // What a scaler-aware optimizer divides its gradients by when they were clipped but
+  // left scaled in memory (clip_grad_norm_): the scale over the clip coefficient, on the
+  // scale's device. Undefined when the gradients hold their true values.
+  at::Tensor grad_scale;
 };
 
 // The stage machine. The check_* functions throw c10::Error for a call out of order and

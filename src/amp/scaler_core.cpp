@@ -2,6 +2,9 @@
 
 #include "amp/scaler_core.h"
 
+#include <lucid/amp/clip_grad.h>
+
+#include "amp/clip_grad.h"
 #include "amp/kernel_routing.h"
 
 #include <c10/util/Exception.h>
@@ -129,6 +132,53 @@ void ScalerCore::unscale_(const OptimizerView& view) {
   record.stage = OptimizerStage::kUnscaled;
 }
 
+at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_norm,
+                                       double norm_type) {
+  check_clip_arguments(max_norm, norm_type, "GradScaler::clip_grad_norm_");
+  if (!enabled()) {
+    std::vector<at::Tensor> params;
+    for (const auto& group : view.param_groups) {
+      params.insert(params.end(), group.begin(), group.end());
+    }
+    return ::lucid::amp::clip_grad_norm_(params, max_norm, norm_type);
+  }
+  OptimizerRecord& record = records_.at(view.key);
+  OptimizerRecords::check_can_unscale(record);
+  const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
+  record.had_gradients = !grads.empty();
+  if (!grads.empty()) {
+    schedule_.place(grads.front().device());
+  }
+  if (!schedule_.placed()) {
+    // Nothing to clip and no scale yet: PyTorch's norm of no gradients.
+    record.stage = OptimizerStage::kUnscaled;
+    return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  }
+  const at::Tensor& scale = schedule_.scale();
+  at::Tensor found_inf = at::zeros({}, scale.options());
+  // NOTE: [Clipping in the check pass] The one read pass checks the gradients and
+  // accumulates their norm; the clip coefficient (PyTorch's: max_norm / (norm + 1e-6),
+  // at most 1) then folds into the scale the gradients are divided by. A scaler-aware
+  // optimizer gets that divisor and reads the gradients once more inside its own step;
+  // any other optimizer gets one write pass of grad * (coefficient / scale).
+  const at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
+  const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  const at::Tensor divisor = scale / coefficient;
+  if (view.set_grad_scaling) {
+    record.grad_scale = divisor;
+  } else {
+    // Raises the flag only where it is raised already (a non-finite norm).
+    unscale_grads_(grads, divisor, found_inf);
+  }
+  if (found_inf_hook_) {
+    found_inf_hook_(found_inf);
+  }
+  record.found_inf = found_inf;
+  record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
+  record.stage = OptimizerStage::kUnscaled;
+  return norm;
+}
+
 bool ScalerCore::step(const OptimizerView& view) {
   if (!enabled()) {
     view.step();
@@ -174,7 +224,7 @@ bool ScalerCore::step(const OptimizerView& view) {
 bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record) {
   // Gradients unscale_'d already are handed over as they are; otherwise the optimizer
   // divides them by the scale inside its own kernel.
-  at::Tensor scale_for_optimizer;
+  at::Tensor scale_for_optimizer = record.grad_scale;  // set by clip_grad_norm_
   if (record.stage == OptimizerStage::kReady) {
     record_overflow_(view, record, GradientPass::kCheckOnly);
     scale_for_optimizer = schedule_.scale();

@@ -37,6 +37,9 @@ class ScalerCore {
   // report the step's result (false: skipped). Disabled: runs it and returns true.
   bool step(const OptimizerView& view);
   void update(std::optional<double> new_scale);
+  // unscale_ and clip by the total norm in one read pass (plus one write pass for an
+  // optimizer that is not scaler-aware); returns the norm of the unscaled gradients.
+  at::Tensor clip_grad_norm_(const OptimizerView& view, double max_norm, double norm_type);
 
   double get_scale() const;
   bool enabled() const { return schedule_.options().enabled(); }

@@ -57,6 +57,19 @@ class GradScaler {
   /// Divides the optimizer's gradients by the scale in place and records overflow.
   void unscale_(torch::optim::Optimizer& optimizer);
 
+  /// unscale_ and torch::nn::utils::clip_grad_norm_ over the optimizer's parameters in one
+  /// read pass: the stage moves to unscaled and step() then uses the unscaled, clipped
+  /// gradients. Returns the total norm of the unscaled gradients as a float32 0-dim tensor
+  /// on the scale's device, without a host synchronisation. A lucid::optim fused optimizer
+  /// gets the clip folded into its own step and its `.grad` stays scaled in memory; any
+  /// other optimizer's gradients are written once, as grad * (coefficient / scale). A
+  /// non-finite norm is an overflow: the step is skipped and the norm returned as it is.
+  /// Errors: those of unscale_, and c10::ValueError for `max_norm` not finite and > 0 or
+  /// `norm_type` not > 0 (nothing changed). Norms 2 and inf are fused; others take ATen
+  /// operations. Disabled: lucid::amp::clip_grad_norm_ over the parameters.
+  torch::Tensor clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
+                                double norm_type = 2.0);
+
   /// Unscales if needed, then steps unless the gradients overflowed (then nullopt).
   std::optional<torch::Tensor> step(torch::optim::Optimizer& optimizer);
   /// As above; a closure is refused while the scaler is enabled.
@@ -87,6 +100,9 @@ class GradScaler {
   // ---- Any optimizer, through a view (include/lucid/amp/optimizer_view.h) -------------
   /// unscale_ for the optimizer `view` describes (same rules as for a C++ optimizer).
   void unscale_(const OptimizerView& view);
+  /// clip_grad_norm_ for the optimizer `view` describes.
+  torch::Tensor clip_grad_norm_(const OptimizerView& view, double max_norm,
+                                double norm_type = 2.0);
   /// step for the optimizer `view` describes: runs `view.step` unless its gradients
   /// overflowed. Returns whether it ran (always true in graph_safe mode, where skipping
   /// happens on the device).

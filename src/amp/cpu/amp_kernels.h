@@ -27,6 +27,13 @@ bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale);
 // Args as above.
 bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale);
 
+// The read-only check with the norm's partial in the same pass: the sum of squares
+// (`inf_norm` false) or the largest absolute value (true) of every gradient times
+// inv_scale, in float32 per chunk, the chunks' partials reduced in chunk order (the same
+// bits whatever the thread count). NaN reaches the result. Args as above; sets *found.
+float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, bool inf_norm,
+                     bool* found);
+
 // The CPU table's scale updates: detail::next_scale_state on the host, no guards (PyTorch's
 // rule) or with them. Args: AmpBackend::update_scale_ / update_scale_guarded_
 // (amp/backend.h), every tensor on the CPU.

@@ -35,11 +35,22 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
   }
 }
 
+at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, NormKind kind) {
+  bool found = false;
+  const float partial =
+      check_and_norm(grads, inv_scale_on_host(scale), kind == NormKind::kInf, &found);
+  if (found) {
+    found_inf.fill_(1.0);
+  }
+  return at::full({}, partial, at::TensorOptions().dtype(at::kFloat));
+}
+
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{"cpu", table_unscale_and_check_, table_check_finite_,
-                                update_scale_, update_scale_guarded_};
+  static const AmpBackend table{"cpu",         table_unscale_and_check_, table_check_finite_,
+                                table_check_and_norm_, update_scale_,         update_scale_guarded_};
   return table;
 }
 

@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 
 namespace lucid {
@@ -146,6 +147,84 @@ bool run_spans(const std::vector<at::Tensor>& grads, double inv_scale) {
 }
 
 }  // namespace
+
+namespace {
+
+// One span's finiteness and norm partial: sum of squares, or largest absolute value with
+// NaN kept (a NaN anywhere makes the norm NaN, as PyTorch's). Plain loops: the norm is
+// the slow path next to the unscale pass.
+struct NormPartial {
+  bool bad = false;
+  float value = 0.0f;
+};
+
+template <typename Load>
+NormPartial norm_span(int64_t n, bool inf_norm, Load load) {
+  NormPartial out;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = load(i);
+    out.bad |= !std::isfinite(x);
+    if (inf_norm) {
+      const float a = std::fabs(x);
+      out.value = (std::isnan(a) || a > out.value) && !std::isnan(out.value) ? a : out.value;
+    } else {
+      out.value += x * x;
+    }
+  }
+  return out;
+}
+
+NormPartial norm_span(const Span& span, float inv_f32, double inv_f64, bool inf_norm) {
+  switch (span.dtype) {
+    case at::kFloat: {
+      const float* p = static_cast<const float*>(span.data);
+      return norm_span(span.numel, inf_norm, [&](int64_t i) { return p[i] * inv_f32; });
+    }
+    case at::kDouble: {
+      const double* p = static_cast<const double*>(span.data);
+      return norm_span(span.numel, inf_norm,
+                       [&](int64_t i) { return static_cast<float>(p[i] * inv_f64); });
+    }
+    case at::kBFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(span.data);
+      return norm_span(span.numel, inf_norm, [&](int64_t i) {
+        const uint32_t widened = static_cast<uint32_t>(p[i]) << 16;
+        float x;
+        std::memcpy(&x, &widened, sizeof x);
+        return x * inv_f32;
+      });
+    }
+    default:
+      TORCH_INTERNAL_ASSERT(false, "lucid-amp CPU norm got dtype ", span.dtype);
+  }
+}
+
+}  // namespace
+
+float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, bool inf_norm,
+                     bool* found) {
+  const std::vector<Span> spans = split_into_chunks(grads);
+  const float inv_f32 = static_cast<float>(inv_scale);
+  std::vector<NormPartial> partials(spans.size());
+  at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      partials[i] = norm_span(spans[i], inv_f32, inv_scale, inf_norm);
+    }
+  });
+  NormPartial total;
+  for (const NormPartial& p : partials) {  // chunk order: the same bits on any thread count
+    total.bad |= p.bad;
+    if (inf_norm) {
+      total.value = (std::isnan(p.value) || p.value > total.value) && !std::isnan(total.value)
+                        ? p.value
+                        : total.value;
+    } else {
+      total.value += p.value;
+    }
+  }
+  *found = total.bad;
+  return total.value;
+}
 
 bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale) {
   return run_spans<true>(grads, inv_scale);

@@ -84,6 +84,36 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
   unscale_or_check_<false>(grads, scale, found_inf);
 }
 
+// The check with the norm's partials: one launch per element type, each writing one
+// partial per block, then the partials combined by ATen's reduction (deterministic for a
+// given length) on the gradients' device. A flag on another device is raised through a
+// flag on the gradients' device, as in unscale_or_check_.
+at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, NormKind kind) {
+  const at::Device device = grads.front().device();
+  const bool local_flag = found_inf.device() != device;
+  at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
+  std::vector<at::Tensor> partials;
+  {
+    c10::cuda::CUDAGuard guard(device);
+    at::Tensor scale_here;
+    const float* scale_ptr = cuda_common::float_on(scale, device, scale_here);
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    float* flag_ptr = flag.data_ptr<float>();
+    for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+      at::Tensor out = at::empty({norm_partials(table)}, flag.options());
+      C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr, out.data_ptr<float>(),
+                                           kind == NormKind::kInf, stream));
+      partials.push_back(std::move(out));
+    });
+  }
+  if (local_flag) {
+    found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
+  }
+  const at::Tensor all = partials.size() == 1 ? partials.front() : at::cat(partials);
+  return kind == NormKind::kTwo ? all.sum() : all.max();
+}
+
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
 void update_on_device_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor* overflow_tracker,
                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
@@ -114,8 +144,12 @@ void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{"cuda", table_unscale_and_check_, table_check_finite_,
-                                table_update_scale_, table_update_scale_guarded_};
+  static const AmpBackend table{"cuda",
+                                table_unscale_and_check_,
+                                table_check_finite_,
+                                table_check_and_norm_,
+                                table_update_scale_,
+                                table_update_scale_guarded_};
   return table;
 }
 

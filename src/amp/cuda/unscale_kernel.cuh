@@ -49,6 +49,54 @@ struct CheckOp {
   __device__ void element(S (&e)[1]) { bad |= !isfinite(E::load(e[kGradList]) * inv); }
 };
 
+// The read-only check with the norm's partial of one thread: the sum of squares, or the
+// largest absolute value (kInf) with NaN kept, in float32.
+template <typename S, bool kInf>
+struct NormCheckOp {
+  using E = Element<S>;
+  typename E::opmath inv;
+  bool bad = false;
+  float partial = 0.0f;
+  __device__ static constexpr bool writes(int) { return false; }
+  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void element(S (&e)[1]) {
+    const auto x = E::load(e[kGradList]) * inv;
+    bad |= !isfinite(x);
+    const float f = static_cast<float>(x);
+    partial = combine(partial, kInf ? fabsf(f) : f * f);
+  }
+  __device__ static float combine(float a, float b) {
+    if (!kInf) return a + b;
+    return (isnan(b) || b > a) && !isnan(a) ? b : a;
+  }
+};
+
+// One partial per block: the block's threads combined in a fixed tree, so the same
+// gradients give the same bits run to run. `partials` has grid_for(table) entries.
+template <typename S, bool kInf>
+__global__ void __launch_bounds__(kUnscaleThreads)
+    norm_check_kernel(Table table, const float* scale, float* found_inf, float* partials) {
+  using Op = NormCheckOp<S, kInf>;
+  __shared__ float tree[kUnscaleThreads];
+  Op op;
+  op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
+  cuda_common::walk_block_range<S, 1>(table, table.offsets, op);
+  if (op.bad) {
+    *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+  }
+  tree[threadIdx.x] = op.partial;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      tree[threadIdx.x] = Op::combine(tree[threadIdx.x], tree[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = tree[0];
+  }
+}
+
 // kWrite false: the read-only check. kStageOffsets: NOTE: [Offsets in shared memory];
 // launched with offsets_bytes(table) of dynamic shared memory when true.
 template <typename S, bool kWrite, bool kStageOffsets>

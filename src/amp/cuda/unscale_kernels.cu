@@ -45,7 +45,37 @@ cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* 
   return cudaErrorInvalidValue;
 }
 
+template <typename S>
+cudaError_t launch_norm_typed(const Table& table, const float* scale, float* found_inf,
+                              float* partials, bool inf_norm, cudaStream_t stream) {
+  return inf_norm ? cuda_common::launch_on_table(norm_check_kernel<S, true>, table,
+                                                 kUnscaleThreads, 0, stream, scale, found_inf,
+                                                 partials)
+                  : cuda_common::launch_on_table(norm_check_kernel<S, false>, table,
+                                                 kUnscaleThreads, 0, stream, scale, found_inf,
+                                                 partials);
+}
+
 }  // namespace
+
+int norm_partials(const TensorTable& table) {
+  return cuda_common::grid_for(cuda_common::device_table(table, kCheckChunkElements));
+}
+
+cudaError_t launch_check_and_norm(const TensorTable& t, ElementType type, const float* scale,
+                                  float* found_inf, float* partials, bool inf_norm,
+                                  cudaStream_t stream) {
+  const Table table = cuda_common::device_table(t, kCheckChunkElements);
+  switch (type) {
+    case ElementType::kFloat32:
+      return launch_norm_typed<float>(table, scale, found_inf, partials, inf_norm, stream);
+    case ElementType::kFloat64:
+      return launch_norm_typed<double>(table, scale, found_inf, partials, inf_norm, stream);
+    case ElementType::kBFloat16:
+      return launch_norm_typed<uint16_t>(table, scale, found_inf, partials, inf_norm, stream);
+  }
+  return cudaErrorInvalidValue;
+}
 
 cudaError_t launch_unscale_and_check(const TensorTable& table, ElementType type,
                                      const float* scale, float* found_inf, cudaStream_t stream) {

@@ -35,6 +35,16 @@ cudaError_t launch_unscale_and_check(const TensorTable& table, ElementType type,
 cudaError_t launch_check_finite(const TensorTable& table, ElementType type, const float* scale,
                                 float* found_inf, cudaStream_t stream);
 
+// The read-only check with the norm's partials: as launch_check_finite, and block b of
+// the launch writes partials[b], the sum of squares (inf_norm false) or the largest
+// absolute value of its chunk of gradients times 1/scale. `partials` is a device array
+// of norm_partials(table) floats.
+cudaError_t launch_check_and_norm(const TensorTable& table, ElementType type, const float* scale,
+                                  float* found_inf, float* partials, bool inf_norm,
+                                  cudaStream_t stream);
+// How many partials launch_check_and_norm writes for `table`.
+int norm_partials(const TensorTable& table);
+
 }  // namespace cuda
 }  // namespace amp
 }  // namespace lucid

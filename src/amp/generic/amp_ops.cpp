@@ -49,6 +49,32 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
   }
 }
 
+at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                           at::Tensor& found_inf, NormKind kind) {
+  // Per tensor in float32 (the partial's type), then across tensors in list order.
+  std::vector<at::Tensor> partials;
+  for (const auto& grad : grads) {
+    if (grad.numel() == 0) {
+      continue;
+    }
+    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor work = grad.to(opmath);
+    if (scale.defined()) {
+      work = work * scale.to(grad.device(), opmath).reciprocal();
+    }
+    const at::Tensor bad = work.isfinite().logical_not().any();
+    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+    const at::Tensor x = work.to(at::kFloat);
+    partials.push_back(kind == NormKind::kTwo ? (x * x).sum() : x.abs().max());
+  }
+  const at::TensorOptions out = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+  if (partials.empty()) {
+    return at::zeros({}, out);
+  }
+  const at::Tensor stacked = at::stack(partials);
+  return kind == NormKind::kTwo ? stacked.sum() : stacked.max();
+}
+
 // scale * backoff_factor, never below detail::kScaleFloor (nor below a smaller scale).
 at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
   const at::Tensor floor =
@@ -107,8 +133,8 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{"generic", unscale_and_check_, check_finite_, update_scale_,
-                                update_scale_guarded_};
+  static const AmpBackend table{"generic",       unscale_and_check_, check_finite_,
+                                check_and_norm_, update_scale_,      update_scale_guarded_};
   return table;
 }
 
