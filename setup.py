@@ -83,6 +83,10 @@ def _extension():
         if not os.path.isfile(prebuilt):
             raise FileNotFoundError(f"LUCID_AMP_PREBUILT_LIBRARY: no such file {prebuilt}")
         kwargs["extra_objects"] = [os.path.abspath(prebuilt)]
+        # The static library links zlib privately (its archive check): the extension that
+        # takes it in links the runtime library, by its soname (machines without zlib's
+        # development files have no plain libz.so).
+        kwargs["extra_link_args"] = ["-l:libz.so.1"]
     if _use_cuda():
         if not prebuilt:
             kwargs["sources"] += cuda

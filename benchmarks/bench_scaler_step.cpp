@@ -145,6 +145,30 @@ void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
               host_us([&] { safe.step(opt); safe.update(); }));
 }
 
+// The reference loop with clipping: unscale_ + clip + step + update, as
+// scaler.clip_grad_norm_ (one read pass; folded into a fused optimizer's step) and as
+// unscale_ + torch::nn::utils::clip_grad_norm_ (the C++ frontend's clip), each over the
+// bare step of the same optimizer.
+void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params) {
+  const double bare = median_ms([&] { opt.step(); });
+  lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(1.0));
+  scaler.scale(torch::ones({}, torch::kCUDA));
+  const double fused = median_ms([&] {
+    scaler.clip_grad_norm_(opt, 1.0);
+    scaler.step(opt);
+    scaler.update();
+  });
+  const double control = median_ms([&] {
+    scaler.unscale_(opt);
+    torch::nn::utils::clip_grad_norm_(params, 1.0);
+    scaler.step(opt);
+    scaler.update();
+  }, 10, 2);
+  std::printf("  %-22s bare %8.3f ms | clip_grad_norm_+step+update %8.3f ms (%.3fx) | unscale_+"
+              "torch clip+step+update %8.3f ms (%.3fx)\n",
+              name, bare, fused, fused / bare, control, control / bare);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +220,21 @@ int main(int argc, char** argv) {
     {
       lucid::optim::FusedSGD sgd(params, lucid::optim::FusedSGDOptions(1e-3).momentum(0.9));
       optimizer_rows("FusedSGD momentum", sgd);
+    }
+    {
+      lucid::optim::FusedAdamW adamw(params, lucid::optim::FusedAdamWOptions(1e-3));
+      clip_rows("clip, FusedAdamW", adamw, params);
+    }
+    if (P < 300 * 1000 * 1000) {
+      torch::optim::AdamW adamw(params, torch::optim::AdamWOptions(1e-3));
+      clip_rows("clip, torch AdamW", adamw, params);
+      torch::optim::SGD sgd(params, torch::optim::SGDOptions(1e-3));
+      clip_rows("clip, torch SGD", sgd, params);
+      const double free_clip = median_ms([&] { lucid::amp::clip_grad_norm_(params, 1.0); });
+      const double torch_clip =
+          median_ms([&] { torch::nn::utils::clip_grad_norm_(params, 1.0); }, 10, 2);
+      std::printf("  clip_grad_norm_: lucid::amp %8.3f ms vs torch::nn::utils %8.3f ms: %.1fx faster\n",
+                  free_clip, torch_clip, torch_clip / free_clip);
     }
     if (P < 300 * 1000 * 1000) {
       torch::optim::AdamW reference(params, torch::optim::AdamWOptions(1e-3));

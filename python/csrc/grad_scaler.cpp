@@ -13,6 +13,7 @@
 
 #include "bindings.h"
 
+#include <lucid/amp/clip_grad.h>
 #include <lucid/amp/grad_scaler.h>
 #include <lucid/amp/serialize.h>
 
@@ -164,6 +165,12 @@ std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
 }  // namespace
 
 void bind_grad_scaler(py::module& m) {
+  m.def("clip_grad_norm_",
+        torch::wrap_pybind_function([](const std::vector<at::Tensor>& parameters, double max_norm,
+                                       double norm_type) {
+          return amp::clip_grad_norm_(parameters, max_norm, norm_type);
+        }),
+        py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0);
   py::class_<GradScaler>(m, "_GradScaler",
                          "lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.")
       .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),
@@ -181,6 +188,17 @@ void bind_grad_scaler(py::module& m) {
                return;
              }
              self.unscale_(make_view(key, groups));
+           }))
+      // The norm of the unscaled gradients; `scaler_aware`: the optimizer takes the scale
+      // in its step (PyTorch's fused protocol), so the clip is folded into it there.
+      .def("clip_grad_norm_",
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups,
+                                          double max_norm, double norm_type, bool scaler_aware) {
+             OptimizerView view = make_view(key, groups);
+             if (scaler_aware) {
+               view.set_grad_scaling = [](at::Tensor, at::Tensor) {};
+             }
+             return self.clip_grad_norm_(view, max_norm, norm_type);
            }))
       // Returns whether the optimizer's step ran. `step_fn` runs it; `set_grad_scaling`
       // is None, or for a scaler-aware optimizer a callable(scale or None, found_inf).

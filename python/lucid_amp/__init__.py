@@ -14,6 +14,7 @@ from .grad_scaler import (
     NonFiniteGradient,
     OverflowReport,
     ScalerCounters,
+    clip_grad_norm_,
 )
 
 __version__ = _C.version
@@ -30,5 +31,6 @@ __all__ = [
     "NonFiniteGradient",
     "BackoffEvent",
     "optim",
+    "clip_grad_norm_",
     "with_cuda",
 ]

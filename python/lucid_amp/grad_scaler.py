@@ -117,6 +117,15 @@ def _report(d: Optional[dict]) -> Optional[OverflowReport]:
     )
 
 
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` on lucid-amp's multi-tensor pass: clips the
+    gradients in place and returns the total norm as a 0-dim float32 tensor on the
+    gradients' device, without reading it back."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    return _C.clip_grad_norm_(list(parameters), float(max_norm), float(norm_type))
+
+
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
     return [list(group["params"]) for group in optimizer.param_groups]
 
@@ -256,6 +265,28 @@ class GradScaler:
         key = id(optimizer)
         self._core.unscale_(key, _param_groups(optimizer))
         self._active[key] = None
+
+    def clip_grad_norm_(
+        self, optimizer: torch.optim.Optimizer, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """``unscale_(optimizer)`` and ``torch.nn.utils.clip_grad_norm_`` over its parameters
+        in one read pass; returns the total norm of the unscaled gradients as a 0-dim
+        float32 tensor on the scale's device (no host synchronisation). A fused optimizer
+        gets the clip folded into its step and its ``.grad`` stays scaled; any other one has
+        its gradients written once. A non-finite norm skips the step. Raises ValueError for
+        ``max_norm <= 0`` or ``norm_type <= 0`` and the RuntimeErrors of unscale_.
+        """
+        if not self._core.is_enabled():
+            return clip_grad_norm_(
+                [p for g in optimizer.param_groups for p in g["params"]], max_norm, norm_type
+            )
+        key = id(optimizer)
+        norm = self._core.clip_grad_norm_(
+            key, _param_groups(optimizer), float(max_norm), float(norm_type),
+            _takes_scale_and_flag(optimizer),
+        )
+        self._active[key] = None
+        return norm
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
         """Unscales if needed, then runs ``optimizer.step(*args, **kwargs)`` unless the
