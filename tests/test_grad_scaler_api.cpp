@@ -1,5 +1,5 @@
 // GradScaler's public behaviour, one TEST per documented behaviour of the contract
-// (README, "The contract"): scale(), the
+// (docs/behaviour.md): scale(), the
 // scale/step/update loop, the per-optimizer stage machine, closures, the disabled
 // pass-through, refused gradient dtypes, unscaling per dtype, non-finite gradients,
 // sparse gradients, several optimizers, and the growth/backoff schedule.

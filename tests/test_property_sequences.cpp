@@ -52,7 +52,7 @@ bool same_float(float a, float b) {
 
 // ---------------------------------------------------------------------------------------
 // The reference model: plain C++ over floats, written from the contract (the reference
-// API, README "The contract" and "Trust under faults"), not from the implementation.
+// API, docs/behaviour.md), not from the implementation.
 
 struct ModelOptions {
   bool enabled = true;

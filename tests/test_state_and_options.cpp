@@ -1,5 +1,5 @@
 // GradScalerOptions (defaults and validation) and GradScaler's state: get_scale,
-// state_dict and load_state_dict (README, "The contract").
+// state_dict and load_state_dict (docs/behaviour.md).
 
 #include "support/scaler_fixtures.h"
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // lucid::amp::GradScaler: dynamic loss scaling for mixed-precision training, the C++
-// form of PyTorch's torch.amp.GradScaler (README: "The contract"). NOTE: [Scaler state
+// form of PyTorch's torch.amp.GradScaler (docs/behaviour.md). NOTE: [Scaler state
 // on the device] in src/amp/scale_schedule.h says where the scale lives and why.
 //
 // This header is the front for torch::optim::Optimizer; the scaler's state lives in an
