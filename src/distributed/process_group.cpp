@@ -17,6 +17,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <c10/util/StringUtil.h>
+
 #include <exception>
 #include <string>
 
@@ -51,6 +53,20 @@ std::string cause_of(const std::exception_ptr& error) {
     return e.what();
   } catch (...) {
     return "unknown exception";
+  }
+}
+
+// Runs a group's construction (its rendezvous) and turns whatever it throws into one
+// c10::Error: "<what> of <world_size> <failure>: <cause><advice>".
+template <typename Make>
+c10::intrusive_ptr<c10d::ProcessGroup> create_group(int rank, int world_size,
+                                                    const std::string& failure,
+                                                    const char* advice, Make make) {
+  try {
+    return make();
+  } catch (...) {
+    TORCH_CHECK(false, "lucid::distributed: rank ", rank, " of ", world_size, " ", failure, ": ",
+                cause_of(std::current_exception()), advice);
   }
 }
 
@@ -113,23 +129,22 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<
                                                        GroupOptions options) {
   check_rank("make_gloo_group", store, rank, world_size, options.timeout());
 #ifdef LUCID_AMP_HAS_GLOO
-  try {
-    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
-    gloo_options->devices.push_back(
-        options.gloo_hostname().empty()
-            ? c10d::ProcessGroupGloo::createDefaultDevice()
-            : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname()));
-    // The constructor is the rendezvous: it returns once every rank has connected.
-    auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
-    return compat::as_process_group(backend, store, rank, world_size,
-                                    {c10::DeviceType::CPU, c10::DeviceType::CUDA},
-                                    compat::C10dBackend::kGloo, options.timeout());
-  } catch (...) {
-    TORCH_CHECK(false, "lucid::distributed: rank ", rank, " of ", world_size,
-                " could not join the Gloo group within ", seconds(options.timeout()), " s: ",
-                cause_of(std::current_exception()),
-                ". Did every rank start, with the same store and world size?");
-  }
+  return create_group(
+      rank, world_size,
+      c10::str("could not join the Gloo group within ", seconds(options.timeout()), " s"),
+      ". Did every rank start, with the same store and world size?", [&] {
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+        gloo_options->devices.push_back(
+            options.gloo_hostname().empty()
+                ? c10d::ProcessGroupGloo::createDefaultDevice()
+                : c10d::ProcessGroupGloo::createDeviceForHostname(options.gloo_hostname()));
+        // The constructor is the rendezvous: it returns once every rank has connected.
+        auto backend =
+            c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+        return compat::as_process_group(backend, store, rank, world_size,
+                                        {c10::DeviceType::CPU, c10::DeviceType::CUDA},
+                                        compat::C10dBackend::kGloo, options.timeout());
+      });
 #else
   TORCH_CHECK_NOT_IMPLEMENTED(false,
                               "make_gloo_group: this lucid_amp::distributed was built without "
@@ -143,16 +158,13 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(const c10::intrusive_ptr<
                                                        GroupOptions options) {
   check_rank("make_nccl_group", store, rank, world_size, options.timeout());
 #ifdef LUCID_AMP_HAS_NCCL
-  try {
+  return create_group(rank, world_size, "could not create the NCCL group", ".", [&] {
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout();  // the watchdog's bound on every collective
     auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
     return compat::as_process_group(backend, store, rank, world_size, {c10::DeviceType::CUDA},
                                     compat::C10dBackend::kNccl, options.timeout());
-  } catch (...) {
-    TORCH_CHECK(false, "lucid::distributed: rank ", rank, " of ", world_size,
-                " could not create the NCCL group: ", cause_of(std::current_exception()), ".");
-  }
+  });
 #else
   TORCH_CHECK_NOT_IMPLEMENTED(false,
                               "make_nccl_group: this lucid_amp::distributed was built without "

@@ -45,32 +45,42 @@ void for_each_dtype(const std::vector<at::Tensor>& grads, Launch launch) {
   }
 }
 
-// The unscale pass (kWrite) or the read-only check over one device's gradients.
-// Args: as AmpBackend::unscale_and_check_; the gradients are dense CUDA tensors of one
-// device. A flag on another device is raised through a flag on the gradients' device.
-template <bool kWrite>
-void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                       at::Tensor& found_inf) {
-  if (grads.empty()) {
-    return;
-  }
-  const at::Device device = grads.front().device();
+// Runs launch(scale_ptr, flag_ptr, stream) on `device` and its current stream, with the
+// scale and an overflow flag on that device. A flag on another device (a model split over
+// devices) is raised afterwards through one on `device`.
+template <typename Launch>
+void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Tensor& found_inf,
+                      Launch launch) {
   const bool local_flag = found_inf.device() != device;
   at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
   {
     c10::cuda::CUDAGuard guard(device);
     at::Tensor scale_here;
     const float* scale_ptr = cuda_common::float_on(scale, device, scale_here);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    float* flag_ptr = flag.data_ptr<float>();
-    for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-      C10_CUDA_CHECK(kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
-                            : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
-    });
+    launch(scale_ptr, flag.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
   }
   if (local_flag) {
     found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
   }
+}
+
+// The unscale pass (kWrite) or the read-only check over one device's gradients.
+// Args: as AmpBackend::unscale_and_check_; the gradients are dense CUDA tensors of one
+// device.
+template <bool kWrite>
+void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                       at::Tensor& found_inf) {
+  if (grads.empty()) {
+    return;
+  }
+  launch_on_device(grads.front().device(), scale, found_inf,
+                   [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
+                     for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+                       C10_CUDA_CHECK(
+                           kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
+                                  : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
+                     });
+                   });
 }
 
 // Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
@@ -87,29 +97,22 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 // The check with the norm's partials: one launch per element type, each writing one
 // partial per block, then the partials combined by ATen's reduction (deterministic for a
 // given length) on the gradients' device. A flag on another device is raised through a
-// flag on the gradients' device, as in unscale_or_check_.
+// flag on the gradients' device (launch_on_device).
 at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, NormKind kind) {
-  const at::Device device = grads.front().device();
-  const bool local_flag = found_inf.device() != device;
-  at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
   std::vector<at::Tensor> partials;
-  {
-    c10::cuda::CUDAGuard guard(device);
-    at::Tensor scale_here;
-    const float* scale_ptr = cuda_common::float_on(scale, device, scale_here);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    float* flag_ptr = flag.data_ptr<float>();
-    for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-      at::Tensor out = at::empty({norm_partials(table)}, flag.options());
-      C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr, out.data_ptr<float>(),
-                                           kind == NormKind::kInf, stream));
-      partials.push_back(std::move(out));
-    });
-  }
-  if (local_flag) {
-    found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
-  }
+  const at::TensorOptions partial_options =
+      at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+  launch_on_device(grads.front().device(), scale, found_inf,
+                   [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
+                     for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+                       at::Tensor out = at::empty({norm_partials(table)}, partial_options);
+                       C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr,
+                                                            out.data_ptr<float>(),
+                                                            kind == NormKind::kInf, stream));
+                       partials.push_back(std::move(out));
+                     });
+                   });
   const at::Tensor all = partials.size() == 1 ? partials.front() : at::cat(partials);
   return kind == NormKind::kTwo ? all.sum() : all.max();
 }
