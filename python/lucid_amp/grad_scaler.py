@@ -139,10 +139,20 @@ def _takes_scale_and_flag(optimizer) -> bool:
     gradients that are unscaled already."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False):
         return False
-    try:
-        return "grad_scaler" not in inspect.signature(optimizer.step).parameters
-    except (TypeError, ValueError):
-        return True
+    # Asked on every step: inspect.signature costs tens of microseconds, so the answer is
+    # kept per optimizer class (the protocol is the class's).
+    cls = type(optimizer)
+    takes = _PROTOCOL_BY_CLASS.get(cls)
+    if takes is None:
+        try:
+            takes = "grad_scaler" not in inspect.signature(optimizer.step).parameters
+        except (TypeError, ValueError):
+            takes = True
+        _PROTOCOL_BY_CLASS[cls] = takes
+    return takes
+
+
+_PROTOCOL_BY_CLASS: Dict[type, bool] = {}
 
 
 class GradScaler:
