@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Builds the Python package lucid_amp against the PyTorch of the running interpreter.
 
     pip install --no-build-isolation .          # as any PyTorch C++ extension

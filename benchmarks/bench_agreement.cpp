@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // What the overflow agreement costs per step, measured in one run beside references:
 //   raw      a bare c10d all-reduce (MAX) of one float32 and its wait: the floor
 //   agree    OverflowAgreement::agree_ on the same flag (blocking mode)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // End-to-end: one GPT-small-like training step from C++ (12 blocks, d=768, 12 heads,
 // batch 16 x 512) with float16 autocast, GradScaler and FusedAdamW — the model of
 // the PyTorch baseline script's "fp16_scaler" step (PyTorch's Python loop

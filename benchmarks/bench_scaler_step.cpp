@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The scaler's GPU figures, side by side with PyTorch's own kernels in the same run:
 //  * unscale-and-check: lucid-amp's kernel vs ATen's _amp_foreach_non_finite_check_and_unscale_,
 //    both against a device copy of the same bytes (8 bytes per float32 gradient);

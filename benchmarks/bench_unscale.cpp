@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Unscale-and-check bandwidth against a plain copy_ of the same bytes, in one run.
 //
 // Both move 8 bytes per float32 gradient element (read 4, write 4): the copy reads a

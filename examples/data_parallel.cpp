@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Data-parallel training with N processes on one machine: every rank holds the whole
 // model, trains on its slice of each global batch, all-reduces the gradients by hand
 // (c10d, Gloo on loopback) and steps through a GradScaler bound to the group, so that an

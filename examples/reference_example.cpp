@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The reference API's example, in C++ (docs/behaviour.md): train nn::Linear(4, 1)
 // with autocast and the GradScaler for three steps, then one step with clipping of the
 // unscaled gradients. Prints the scale and loss at each step.

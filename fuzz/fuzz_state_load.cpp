@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // libFuzzer target: everything that reads a GradScaler's state from outside.
 //
 // The first input byte picks the mode; the rest is its input:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid::amp::autocast on CPU (bfloat16, the only CPU autocast dtype LibTorch 1.13 has).
 
 #include <gtest/gtest.h>

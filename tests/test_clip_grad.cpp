@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Clipping by the total norm: lucid::amp::clip_grad_norm_ against
 // torch::nn::utils::clip_grad_norm_, and GradScaler::clip_grad_norm_ against unscale_
 // followed by it, on every backend, fused optimizers or not; overflow, errors, determinism

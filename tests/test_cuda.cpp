@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScaler on CUDA: run on the GPU machine (LibTorch 2.11 + CUDA); every test skips
 // where no GPU is visible.
 

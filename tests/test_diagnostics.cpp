@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Diagnostics: the overflow report (which parameter, how many entries), counters, whether
 // an optimizer's last step was skipped, and the backoff callback.
 

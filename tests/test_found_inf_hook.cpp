@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScaler::set_found_inf_hook: the extension point a distributed binding uses to make
 // every rank take the same step decision.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid::optim fused optimizers against torch::optim, and with GradScaler (CPU here;
 // the same checks run on CUDA in test_cuda.cpp).
 

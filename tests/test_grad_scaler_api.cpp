@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScaler's public behaviour, one TEST per documented behaviour of the contract
 // (docs/behaviour.md): scale(), the
 // scale/step/update loop, the per-optimizer stage machine, closures, the disabled

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Guards (all off by default): min_scale, max_scale, hysteresis; their validation, their
 // schedule on every backend, and that the defaults change nothing.
 

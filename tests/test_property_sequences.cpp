@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Property test: thousands of random sequences of API calls on a GradScaler with a few
 // optimizers, each call mirrored on a small reference model of the stage machine, the
 // scale schedule (guards included), the counters and the overflow report. After every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Checkpoints: GradScaler through torch::serialize archives (exact round trip, beside a
 // model and an optimizer), PyTorch's _growth_tracker, and refusal of corrupt, truncated
 // and mismatched archives with the scaler unchanged.

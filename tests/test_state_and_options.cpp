@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScalerOptions (defaults and validation) and GradScaler's state: get_scale,
 // state_dict and load_state_dict (docs/behaviour.md).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Training equivalence: PyTorch's own way of testing a loss scaler (test_grad_scaling_*
 // in test/test_cuda.py / test_torch.py). A scaled run with overflows injected at chosen
 // iterations (one gradient entry set to inf or NaN after the scaled backward) must end

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Trust under faults: the scale never dies, overflow streaks are never silent, hysteresis
 // follows Megatron-LM and DeepSpeed, and nothing grows without evidence. The schedule is
 // checked against reference models written from those projects' published rules.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The unscale-and-check backends and the scale update, against float64 references:
 // dtype x size x backend, with readable parameterised names.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A kernel lab for the unscale-and-check pass and the fused optimizers: plain CUDA, no
 // LibTorch, so it builds with nvcc alone in seconds on the GPU machine:
 //

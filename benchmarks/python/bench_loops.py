@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """PyTorch's Python training loops and lucid_amp's, timed in the same process on one GPU.
 
 For the transformer-like parameter lists of bench_scaler_step (116M in 144 tensors, 1.29B

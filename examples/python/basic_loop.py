@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The reference API's first example in Python: nn.Linear(4, 1) trained with autocast and
 lucid_amp.GradScaler (scale, step, update).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The reference API's second example in Python: clipping the unscaled gradients. step()
 sees that unscale_ already ran for the optimizer and does not divide a second time.
 

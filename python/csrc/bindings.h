@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The pieces of the extension module lucid_amp._C (python/csrc/module.cpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Python bindings of lucid::amp::GradScaler (lucid_amp._C._GradScaler).
 //
 // The Python class lucid_amp.GradScaler (python/lucid_amp/grad_scaler.py) handles the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The extension module lucid_amp._C: lucid-amp's C++ core, bound for the Python package.
 
 #include "bindings.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Python bindings of lucid-amp's fused optimizer kernels (lucid_amp._C._fused_adam_ and
 // _fused_sgd_), for lucid_amp.optim's torch.optim.Optimizer subclasses
 // (python/lucid_amp/optim/fused.py), which keep the state in torch.optim's form and hand

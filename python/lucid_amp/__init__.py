@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp: dynamic loss scaling for PyTorch on lucid-amp's C++ core.
 
 ``lucid_amp.GradScaler`` is a drop-in for ``torch.amp.GradScaler`` (change the import and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.autocast: the reference API's autocast, a thin front over torch.autocast.
 
     with lucid_amp.autocast("cuda"):                      # float16 on CUDA

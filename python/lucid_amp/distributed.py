@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.distributed: GradScalers of a torch.distributed process group that agree on
 overflow.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.GradScaler: torch.amp.GradScaler's interface on lucid-amp's C++ scaler.
 
 Everything the scaler decides (the stage machine, unscaling and the overflow check in

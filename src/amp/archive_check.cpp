@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NOTE: [Archive integrity]
 // A torch::serialize archive is a zip file: data.pkl (the pickled attributes), the
 // TorchScript source of the module class (code/...py, some records deflated), constants

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: integrity check of a torch::serialize archive (a zip file) before LibTorch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid::amp::autocast: what torch.autocast's __enter__/__exit__ do, as a C++ guard.
 // Version differences of LibTorch's autocast state live in compat/torch_compat.h.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: the one interface every device's loss-scaling kernels implement, and the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // clip_grad_norm_ without a scaler (include/lucid/amp/clip_grad.h), on the routed check
 // with the norm in its read pass (kernel_routing.h).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: the argument checks clip_grad_norm_ and GradScaler::clip_grad_norm_ share.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScaler, the C++ front: torch::optim::Optimizer calls become OptimizerViews for the
 // core (scaler_core.h), which holds every piece of state.
 

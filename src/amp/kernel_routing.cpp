@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "amp/kernel_routing.h"
 
 #include "amp/backend.h"

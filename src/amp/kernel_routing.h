@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: routes unscale-and-check and the scale update to a backend table

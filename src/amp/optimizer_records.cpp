@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The per-optimizer stage machine (optimizer_records.h).
 
 #include "amp/optimizer_records.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: what the scaler remembers of each optimizer between two update() calls: its

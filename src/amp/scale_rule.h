@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The loss-scale schedule as a pure function: one update of the scale and its trackers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The loss scale, its trackers and their update (NOTE: [Scaler state on the device],
 // NOTE: [Guards] in scale_schedule.h).
 

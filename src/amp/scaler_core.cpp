@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The scaler's stage machine over OptimizerViews (scaler_core.h).
 
 #include "amp/scaler_core.h"

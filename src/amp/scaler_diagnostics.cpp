@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A scaler's diagnostics (NOTE: [Diagnostics without host synchronisation] in
 // scaler_diagnostics.h).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: a scaler's counters, skipped-step record, overflow reports, backoff callback

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The value checks shared by GradScaler's constructor, update(new_scale),
 // load_state_dict and load (src/amp/scaler_state.h).
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // GradScaler's state I/O: state_dict / load_state_dict (maps of doubles, PyTorch's form)
 // and save / load through torch::serialize archives (checkpoints).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The OptimizerView of a torch::optim::Optimizer (torch_optimizer_view.h).
 
 #include "amp/torch_optimizer_view.h"

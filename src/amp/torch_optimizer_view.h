@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Internal: the OptimizerView of a torch::optim::Optimizer, the one place the scaler

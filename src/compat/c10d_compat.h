@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The one place that knows how c10d (torch.distributed's C++ engine) differs between

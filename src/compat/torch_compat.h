@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The one place that knows how LibTorch 1.13 and 2.x differ. Everything else calls

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The multi-tensor walker shared by lucid-amp's CUDA kernels (src/amp/cuda,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "cuda_common/table_cache.h"
 
 #include <c10/util/Exception.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Host side of the multi-tensor launches, shared by the amp and optim CUDA backends:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The multi-tensor launch description shared by the amp and optim CUDA kernels, seen

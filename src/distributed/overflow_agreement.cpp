@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // OverflowAgreement front code: checks, the one all-reduce, its bounded wait, and the
 // error a rank reports when its peers do not answer. No transport of its own: c10d's.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Store and process-group factories: argument checks, the backend's own constructors,
 // and errors that say which rank waited for what. Version differences go through
 // compat/c10d_compat.h; Gloo and NCCL are compiled only where their headers exist

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include <lucid/optim/fused_adam.h>
 
 #include "optim/fused_launch.h"

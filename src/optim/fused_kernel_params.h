@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // What one fused optimizer launch passes its kernels: the hyper-parameters and the order

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "optim/fused_launch.h"
 
 #include "optim/fused_backend.h"

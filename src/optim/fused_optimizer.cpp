@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NOTE: [Scaler-aware optimizers]
 // PyTorch's scaler unscales every gradient in a pass of its own (read and write 8 bytes
 // per float32 element), then the optimizer reads them again. A fused optimizer can

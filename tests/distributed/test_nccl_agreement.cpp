@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid::distributed on CUDA with NCCL, one process (NCCL allows one rank per GPU, and the
 // GPU machine has one): the agreement on a CUDA flag, its graph-safe mode without host
 // synchronisation, and inside a captured CUDA graph. Built only with the NCCL path.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid::distributed: ranks of a c10d group agree on overflow. Each multi-rank test starts
 // real processes (worker.cpp, fork + exec) that meet over a FileStore in a scratch
 // directory, or a TCPStore on loopback, with Gloo; they are compared with each other and

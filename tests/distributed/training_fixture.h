@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The training run every distributed test repeats: a small MLP, a fixed global batch per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // One rank of a distributed test run: a real process, started by the tests (support/rank_launcher.h,
 // which forks and calls worker_main, or execs lucid_distributed_worker), meeting its
 // peers over a c10d FileStore (or TCPStore) with Gloo on loopback. It trains

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The rank program of the distributed tests (worker.cpp). The tests fork and call

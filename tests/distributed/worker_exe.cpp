@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // lucid_distributed_worker: one rank of the distributed tests as its own executable.
 
 #include "worker.h"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """pytest setup for the Python package: import lucid_amp from python/ when it was built in
 place there (python3 setup.py build_ext --inplace), else the installed one."""
 

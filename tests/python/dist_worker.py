@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """One rank of test_distributed.py: trains a small model under lucid_amp.GradScaler in a
 Gloo group over a FileStore, with an inf put into rank 1's gradients only at step 3, and
 prints the scales, skip decisions and a parameter checksum as JSON."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.autocast over torch.autocast: context manager, decorator, nesting, arguments."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """clip_grad_norm_: lucid_amp's free function and GradScaler.clip_grad_norm_ against
 torch.nn.utils.clip_grad_norm_ (after unscale_ for the scaler)."""
 import math

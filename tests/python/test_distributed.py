@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.distributed: two Gloo ranks (processes) agree on overflow; without the
 agreement they drift apart (the test can tell)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.GradScaler: the reference API's rules, errors and dtype rules, state_dict and
 pickling, PyTorch's optimizer protocol and lucid-amp's extras, on the CPU."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.optim: the fused optimizers against torch.optim within float32 rounding over
 100 steps, their state_dicts in torch.optim's form both ways, LR schedulers, and the
 scaler-aware protocol with lucid_amp.GradScaler (skip on overflow, unscaling inside)."""

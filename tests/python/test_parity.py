@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Parity: the same random sequences of scale / unscale_ (+ clipping) / step / update, with
 inf and NaN injected into the gradients, through lucid_amp.GradScaler and a reference
 scaler, give identical scales, skip decisions and parameters.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Training equivalence: a loop with lucid_amp.GradScaler gives the parameters of a control
 loop without scaling (a power-of-two scale is exact in float32), with clipping, gradient
 accumulation and two optimizers; an overflow skips exactly the optimizer it hit."""

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Exact c10 error types. c10::ValueError and c10::NotImplementedError derive from

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Starting ranks as real processes and waiting for them, with an optional deadline: a rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // What the scaler tests share: the names they use from lucid::amp, non-finite constants,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // A scratch directory of its own under the system's temporary directory (mkdtemp, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.optim: torch.optim optimizers whose step runs lucid-amp's fused kernels.
 
 FusedAdam, FusedAdamW and FusedSGD update every parameter of a param group in one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // CPU kernels for loss scaling, and the CPU table of the backend interface

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CPU table of the backend interface (amp/backend.h): adapts the CPU kernels, which
 // take 1/scale as a host double and return the overflow as a bool, to the table's
 // tensor signatures.

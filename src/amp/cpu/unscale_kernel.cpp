@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CPU multi-tensor unscale-and-check.
 //
 // NOTE: [CPU unscale kernel]

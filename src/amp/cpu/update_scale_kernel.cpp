@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // CPU twin of the device-side scale update (ATen's CUDA _amp_update_scale_ does the
 // same in one thread): both read the tensors, apply detail::next_scale_state (the rule,
 // in amp/scale_rule.h) and write the result back, so a schedule is identical on any

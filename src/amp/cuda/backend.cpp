@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CUDA table of the backend interface (amp/backend.h): turns gradient lists into
 // tensor tables and launches lucid-amp's own kernels (unscale_kernels.h,
 // update_scale_kernel.h) on the current stream. Compiled only against a CUDA LibTorch.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The unscale-and-check and read-only check kernels, as templates over the shared

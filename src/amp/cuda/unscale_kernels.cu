@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The scaler's multi-tensor CUDA kernels: unscale-and-check and the read-only check.
 // NOTE: [Multi-tensor ranges] in cuda_common/tensor_table.h says how work is split.
 

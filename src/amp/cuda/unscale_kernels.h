@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The scaler's CUDA kernels, seen from C++: plain pointers and a stream, no LibTorch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The scale update on a CUDA device: detail::next_scale_state in one thread, so that the
 // schedule (its floor and guards included) is the CPU's, bit for bit, with no host
 // synchronisation.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The scale update on a CUDA device, seen from C++: plain pointers and a stream, so that

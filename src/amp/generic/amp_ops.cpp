@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The generic table of the backend interface (amp/backend.h), built from ATen operations:
 // runs on any LibTorch device (Apple MPS, XPU, ...), one tensor at a time, with no host
 // synchronisation. It is the fallback for every device without a table of its own and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CPU table of the fused optimizer interface (optim/fused_backend.h): the CPU
 // kernels read scale and flag on the host, which is free for CPU tensors; a device flag
 // with CPU parameters (a model split over devices) has to come over once.

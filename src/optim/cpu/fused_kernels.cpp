@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "optim/cpu/fused_kernels.h"
 
 #include <ATen/Parallel.h>

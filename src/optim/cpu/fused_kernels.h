@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // CPU fused optimizer kernels: the twins of the CUDA ones (src/optim/cuda/fused_kernels.cuh),

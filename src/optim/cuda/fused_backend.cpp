@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The CUDA table of the fused optimizer interface (optim/fused_backend.h): turns the
 // lists into one tensor table and launches the fused kernels (fused_kernels.h) on the
 // current stream; the skip on overflow happens on the device. Compiled only against a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The fused optimizers' multi-tensor CUDA kernels: Adam/AdamW, SGD and the step counter
 // increment. NOTE: [Multi-tensor ranges] in cuda_common/tensor_table.h says how work is
 // split; the optimizers use the default chunk (NOTE: [Chunk size]).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The fused Adam/AdamW and SGD kernels, as templates over the shared multi-tensor
