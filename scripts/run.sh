@@ -7,7 +7,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
-LUCID_AMP_BUILD_TARGETS=lucid_amp_trainer "$root/scripts/setup.sh" -DLUCID_AMP_BUILD_TESTS=OFF
+LUCID_AMP_BUILD_TARGETS=lucid_amp_trainer "$root/scripts/setup.sh" -DLUCID_AMP_BUILD_TESTS=OFF \
+  -DLUCID_AMP_BUILD_TRAINER=ON
 echo "== running the trainer: one short epoch of --compare on the CPU"
 cd "$root"
 "$build_dir/apps/trainer/lucid_amp_trainer" --compare --train-limit 12800 --threads "$(nproc)" --out out "$@"

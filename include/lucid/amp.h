@@ -1,6 +1,13 @@
 #pragma once
 
-// Umbrella header: the whole public API of lucid-amp.
+/// @file
+/// Umbrella header: the whole public API of lucid-amp.
+
+/// @namespace lucid
+/// lucid-amp: mixed-precision training for LibTorch.
+
+/// @namespace lucid::amp
+/// Loss scaling (GradScaler), autocast, and their checkpoints and diagnostics.
 
 #include <lucid/amp/autocast.h>
 #include <lucid/amp/clip_grad.h>

@@ -1,6 +1,10 @@
 #pragma once
 
-// Umbrella header of lucid-amp's fused, scaler-aware optimizers.
+/// @file
+/// Umbrella header of lucid-amp's fused, scaler-aware optimizers.
+
+/// @namespace lucid::optim
+/// Fused, scaler-aware optimizers (FusedSGD, FusedAdam, FusedAdamW).
 
 #include <lucid/optim/fused_adam.h>
 #include <lucid/optim/fused_optimizer.h>

@@ -1,6 +1,7 @@
 #pragma once
 
-// lucid::amp::autocast: the C++ form of `with lucid.amp.autocast():`.
+/// @file
+/// lucid::amp::autocast: the C++ form of `with lucid.amp.autocast():`.
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -21,9 +22,12 @@ class autocast {
   /// `dtype`: the lower-precision type ops are cast to; `enabled`: false makes the
   /// guard a scope in which autocast is off for this device type.
   autocast(c10::DeviceType device_type, c10::ScalarType dtype, bool enabled = true);
+  /// Restores the enabled flag and dtype the guard found (see the class description).
   ~autocast();
 
+  /// Not copyable: a guard restores its level exactly once.
   autocast(const autocast&) = delete;
+  /// Not copyable.
   autocast& operator=(const autocast&) = delete;
 
   /// The device type this guard governs.

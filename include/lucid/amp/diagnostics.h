@@ -1,9 +1,10 @@
 #pragma once
 
-// What a GradScaler tells about itself when things go wrong: which gradients overflowed,
-// counters of steps and scale changes, and the event handed to a backoff callback.
-// NOTE: [Diagnostics without host synchronisation] in src/amp/scaler_diagnostics.h says where
-// each number comes from and what it costs.
+/// @file
+/// What a GradScaler tells about itself when things go wrong: which gradients overflowed,
+/// counters of steps and scale changes, and the event handed to a backoff callback.
+/// NOTE: [Diagnostics without host synchronisation] in src/amp/scaler_diagnostics.h says where
+/// each number comes from and what it costs.
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>

@@ -1,12 +1,13 @@
 #pragma once
 
-// lucid::amp::GradScaler: dynamic loss scaling for mixed-precision training, the C++
-// form of PyTorch's torch.amp.GradScaler (docs/behaviour.md). NOTE: [Scaler state
-// on the device] in src/amp/scale_schedule.h says where the scale lives and why.
-//
-// This header is the front for torch::optim::Optimizer; the scaler's state lives in an
-// opaque core (src/amp/scaler_core.h) that works on OptimizerViews, so that its layout can
-// change without changing this class's size or users' binaries.
+/// @file
+/// lucid::amp::GradScaler: dynamic loss scaling for mixed-precision training, the C++
+/// form of PyTorch's torch.amp.GradScaler (docs/behaviour.md). NOTE: [Scaler state
+/// on the device] in src/amp/scale_schedule.h says where the scale lives and why.
+///
+/// This header is the front for torch::optim::Optimizer; the scaler's state lives in an
+/// opaque core (src/amp/scaler_core.h) that works on OptimizerViews, so that its layout can
+/// change without changing this class's size or users' binaries.
 
 #include <lucid/amp/diagnostics.h>
 #include <lucid/amp/grad_scaler_options.h>
@@ -42,11 +43,17 @@ class GradScaler {
   /// Builds a scaler; throws c10::ValueError for an invalid option.
   explicit GradScaler(GradScalerOptions options = {});
 
+  /// Not copyable: a scaler holds the stage and flag of every optimizer it has seen.
   GradScaler(const GradScaler&) = delete;
+  /// Not copyable.
   GradScaler& operator=(const GradScaler&) = delete;
-  /// A moved-from scaler may only be destroyed or assigned to.
+  /// Takes over another scaler's state; the moved-from scaler may only be destroyed or
+  /// assigned to.
   GradScaler(GradScaler&&) noexcept;
+  /// Takes over another scaler's state; the moved-from scaler may only be destroyed or
+  /// assigned to.
   GradScaler& operator=(GradScaler&&) noexcept;
+  /// Frees the scaler's state.
   ~GradScaler();
 
   /// Returns `outputs * scale`, at least float32, keeping the autograd graph.

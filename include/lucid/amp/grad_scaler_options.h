@@ -1,7 +1,8 @@
 #pragma once
 
-// The options of a GradScaler and the vocabulary its core shares with every front (C++
-// optimizers, the Python package): nothing here knows an optimizer class.
+/// @file
+/// The options of a GradScaler and the vocabulary its core shares with every front (C++
+/// optimizers, the Python package): nothing here knows an optimizer class.
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -35,7 +36,10 @@ enum class HysteresisRefill {
   kOnCleanUpdate,
 };
 
-/// Options of a GradScaler; validated once, by the GradScaler constructor.
+/// Options of a GradScaler; validated once, by the GradScaler constructor. Each option is
+/// a LibTorch TORCH_ARG: a call of its name sets it and returns the options, so calls
+/// chain (`GradScalerOptions().init_scale(1024.0).growth_interval(500)`); the call without
+/// an argument reads it (`options.init_scale()`).
 struct GradScalerOptions {
   /// Initial loss scale: finite and > 0.
   TORCH_ARG(double, init_scale) = 65536.0;
@@ -87,7 +91,15 @@ struct GradScalerOptions {
 
 /// Where one optimizer is in the current iteration: ready -> unscaled -> stepped, and
 /// update() returns every optimizer to ready.
-enum class OptimizerStage { kReady, kUnscaled, kStepped };
+enum class OptimizerStage {
+  /// Neither unscaled nor stepped since the last update(): unscale_ and step are allowed.
+  kReady,
+  /// unscale_ ran (gradients unscaled and checked): step is allowed, unscale_ throws.
+  kUnscaled,
+  /// step ran, whether it stepped or skipped the optimizer: unscale_ and step throw
+  /// until update().
+  kStepped
+};
 
 /// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
 /// means clean) each time unscale_ or step computes it, before anything reads it. The

@@ -1,9 +1,10 @@
 #pragma once
 
-// What a GradScaler needs of an optimizer, whoever implements it: a C++
-// torch::optim::Optimizer (GradScaler's overloads build the view themselves), a Python
-// torch.optim optimizer (the Python package builds one per call), or a user's own
-// optimizer class.
+/// @file
+/// What a GradScaler needs of an optimizer, whoever implements it: a C++
+/// torch::optim::Optimizer (GradScaler's overloads build the view themselves), a Python
+/// torch.optim optimizer (the Python package builds one per call), or a user's own
+/// optimizer class.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>

@@ -1,22 +1,25 @@
 #pragma once
 
-// Checkpointing a GradScaler through torch::serialize archives, beside a model and an
-// optimizer:
-//
-//   torch::save(scaler, "scaler.pt");            torch::load(scaler, "scaler.pt");
-//
-//   torch::serialize::OutputArchive archive;     // or one archive for everything
-//   model->save(archive);
-//   scaler.save(archive);                        // under "lucid_amp_grad_scaler"
-//   archive.save_to("checkpoint.pt");
-//
-// Prefer load_scaler for files: it checks the zip structure and every record's CRC-32
-// before LibTorch parses anything, and turns every failure into a c10::Error that names
-// the file. torch::load(scaler, ...) skips that check (LibTorch's reader does not verify
-// CRCs) and passes on whatever LibTorch throws (c10::Error, torch::jit::ErrorReport); a
-// corrupt TorchScript record can even crash LibTorch 1.13's importer. NOTE: [Archive
-// integrity] in src/amp/archive_check.cpp.
-// The format is described in src/amp/serialize.cpp (NOTE: [GradScaler archive format]).
+/// @file
+/// Checkpointing a GradScaler through torch::serialize archives, beside a model and an
+/// optimizer:
+///
+/// @code
+///   torch::save(scaler, "scaler.pt");            torch::load(scaler, "scaler.pt");
+///
+///   torch::serialize::OutputArchive archive;     // or one archive for everything
+///   model->save(archive);
+///   scaler.save(archive);                        // under "lucid_amp_grad_scaler"
+///   archive.save_to("checkpoint.pt");
+/// @endcode
+///
+/// Prefer load_scaler for files: it checks the zip structure and every record's CRC-32
+/// before LibTorch parses anything, and turns every failure into a c10::Error that names
+/// the file. torch::load(scaler, ...) skips that check (LibTorch's reader does not verify
+/// CRCs) and passes on whatever LibTorch throws (c10::Error, torch::jit::ErrorReport); a
+/// corrupt TorchScript record can even crash LibTorch 1.13's importer. NOTE: [Archive
+/// integrity] in src/amp/archive_check.cpp.
+/// The format is described in src/amp/serialize.cpp (NOTE: [GradScaler archive format]).
 
 #include <lucid/amp/grad_scaler.h>
 

@@ -1,8 +1,9 @@
 #pragma once
 
-// lucid::distributed::OverflowAgreement: every rank of a c10d process group takes the same
-// step decision. NOTE: [Overflow agreement] in src/distributed/overflow_agreement.cpp says
-// what is agreed, when, and what the ranks must do alike.
+/// @file
+/// lucid::distributed::OverflowAgreement: every rank of a c10d process group takes the same
+/// step decision. NOTE: [Overflow agreement] in src/distributed/overflow_agreement.cpp says
+/// what is agreed, when, and what the ranks must do alike.
 
 #include <lucid/amp/grad_scaler.h>
 

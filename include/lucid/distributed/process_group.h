@@ -1,9 +1,10 @@
 #pragma once
 
-// Small factories for c10d stores and process groups that hide the differences between
-// LibTorch versions (1.13: a ProcessGroupGloo is a ProcessGroup; 2.x: it is a Backend
-// wrapped in one). Every blocking step is bounded by a timeout and fails with a
-// c10::Error that says which rank waited for what.
+/// @file
+/// Small factories for c10d stores and process groups that hide the differences between
+/// LibTorch versions (1.13: a ProcessGroupGloo is a ProcessGroup; 2.x: it is a Backend
+/// wrapped in one). Every blocking step is bounded by a timeout and fails with a
+/// c10::Error that says which rank waited for what.
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>

@@ -1,7 +1,8 @@
 #pragma once
 
-// Base of lucid-amp's fused, scaler-aware optimizers. NOTE: [Scaler-aware optimizers]
-// in src/optim/fused_optimizer.cpp says how they cooperate with GradScaler.
+/// @file
+/// Base of lucid-amp's fused, scaler-aware optimizers. NOTE: [Scaler-aware optimizers]
+/// in src/optim/fused_optimizer.cpp says how they cooperate with GradScaler.
 
 #include <torch/optim/optimizer.h>
 
@@ -13,6 +14,7 @@ namespace optim {
 /// and no host read.
 class ScalerAware {
  public:
+  /// Destroys the optimizer through its ScalerAware base.
   virtual ~ScalerAware() = default;
   /// For the next step() only: gradients are multiplied by 1/`scale` (undefined: they
   /// are unscaled already), and nothing changes where `found_inf` (float32, 0-dim;
@@ -31,9 +33,12 @@ class FusedOptimizer : public torch::optim::Optimizer, public ScalerAware {
 
   /// The scaling set for this step (then cleared).
   struct Scaling {
+    /// The scale the gradients are divided by (undefined: they are unscaled already).
     torch::Tensor scale;
+    /// The overflow flag (float32, 0-dim; non-zero: skip; undefined: never skip).
     torch::Tensor found_inf;
   };
+  /// Returns the scaling set for this step and clears it (the next step has none).
   Scaling take_scaling_();
 
  private:

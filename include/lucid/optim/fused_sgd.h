@@ -1,7 +1,8 @@
 #pragma once
 
-// lucid::optim::FusedSGD: torch::optim::SGD in one kernel per parameter group, device
-// and dtype, scaler-aware (see fused_optimizer.h).
+/// @file
+/// lucid::optim::FusedSGD: torch::optim::SGD in one kernel per parameter group, device
+/// and dtype, scaler-aware (see fused_optimizer.h).
 
 #include <lucid/optim/fused_optimizer.h>
 
@@ -15,6 +16,8 @@ namespace optim {
 
 /// Options of FusedSGD, as torch::optim::SGDOptions.
 struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGDOptions> {
+  /// Learning rate `lr` (required, as in torch::optim::SGDOptions), no momentum,
+  /// dampening or weight decay.
   FusedSGDOptions(double lr);
   /// Learning rate (>= 0).
   TORCH_ARG(double, lr);
@@ -28,9 +31,15 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   TORCH_ARG(bool, nesterov) = false;
 
  public:
+  /// Reads the options from a checkpoint (keys lr, momentum, dampening,
+  /// weight_decay, nesterov).
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the options into a checkpoint (keys lr, momentum, dampening,
+  /// weight_decay, nesterov).
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// The learning rate (what LR schedulers read).
   double get_lr() const override;
+  /// Sets the learning rate (what LR schedulers call).
   void set_lr(const double lr) override;
 };
 
@@ -38,19 +47,25 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
 /// 0 means the momentum buffer takes the first gradient) and the momentum buffer.
 struct FusedSGDParamState
     : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
+  /// Updates applied so far (float32, 0-dim, on the parameter's device).
   TORCH_ARG(torch::Tensor, step);
+  /// The momentum buffer (undefined until the first update with momentum).
   TORCH_ARG(torch::Tensor, momentum_buffer) = {};
 
  public:
+  /// Reads the state from a checkpoint (keys step, momentum_buffer).
   void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the state into a checkpoint (keys step, momentum_buffer).
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 /// SGD with momentum, dampening, Nesterov and weight decay, fused.
 class FusedSGD : public FusedOptimizer {
  public:
+  /// Optimizes `param_groups`; options a group does not set come from `defaults`.
   explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                     FusedSGDOptions defaults);
+  /// Optimizes `params` as one group with the options `defaults`.
   explicit FusedSGD(std::vector<torch::Tensor> params, FusedSGDOptions defaults);
 
   /// One update of every parameter with a gradient; a closure is evaluated first.
