@@ -49,7 +49,6 @@ std::vector<ArchiveField> archive_fields(int64_t version);
 // The fields of the version GradScaler::save writes.
 const std::vector<ArchiveField>& archive_fields();
 
-
 // FNV-1a (64 bits) over the format version and each field's key and 8 value bytes (the
 // int64, the double's bits, or the bool as an int64), in archive_fields(format_version)
 // order.

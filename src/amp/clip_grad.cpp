@@ -17,8 +17,7 @@ namespace detail {
 
 void check_clip_arguments(double max_norm, double norm_type, const char* who) {
   TORCH_CHECK_VALUE(std::isfinite(max_norm) && max_norm > 0.0, who,
-                    ": max_norm must be finite and > 0, got ", max_norm,
-                    ". Nothing was clipped.");
+                    ": max_norm must be finite and > 0, got ", max_norm, ". Nothing was clipped.");
   TORCH_CHECK_VALUE(norm_type > 0.0, who,
                     ": norm_type must be > 0 (2 and inf are the fused ones), got ", norm_type,
                     ". Nothing was clipped.");

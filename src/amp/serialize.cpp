@@ -45,8 +45,8 @@
 #include <fstream>
 #include <istream>
 #include <iterator>
-#include <sstream>
 #include <ostream>
+#include <sstream>
 #include <type_traits>
 
 namespace lucid {
@@ -297,7 +297,6 @@ detail::ScalerSnapshot current_options_snapshot(const GradScalerOptions& o) {
   s.strict_inf_checks = o.strict_inf_checks();
   return s;
 }
-
 
 }  // namespace
 

@@ -61,8 +61,8 @@ std::string cause_of(const std::exception_ptr& error) {
 // c10::Error: "<what> of <world_size> <failure>: <cause><advice>".
 template <typename Make>
 c10::intrusive_ptr<c10d::ProcessGroup> create_group(int rank, int world_size,
-                                                    const std::string& failure,
-                                                    const char* advice, Make make) {
+                                                    const std::string& failure, const char* advice,
+                                                    Make make) {
   try {
     return make();
   } catch (...) {

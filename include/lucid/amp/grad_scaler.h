@@ -108,8 +108,7 @@ class GradScaler {
   /// unscale_ for the optimizer `view` describes (same rules as for a C++ optimizer).
   void unscale_(const OptimizerView& view);
   /// clip_grad_norm_ for the optimizer `view` describes.
-  torch::Tensor clip_grad_norm_(const OptimizerView& view, double max_norm,
-                                double norm_type = 2.0);
+  torch::Tensor clip_grad_norm_(const OptimizerView& view, double max_norm, double norm_type = 2.0);
   /// step for the optimizer `view` describes: runs `view.step` unless its gradients
   /// overflowed. Returns whether it ran (always true in graph_safe mode, where skipping
   /// happens on the device).

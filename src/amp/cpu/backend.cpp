@@ -50,8 +50,9 @@ at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at:
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{"cpu",         table_unscale_and_check_, table_check_finite_,
-                                table_check_and_norm_, update_scale_,         update_scale_guarded_};
+  static const AmpBackend table{
+      "cpu",         table_unscale_and_check_, table_check_finite_, table_check_and_norm_,
+      update_scale_, update_scale_guarded_};
   return table;
 }
 

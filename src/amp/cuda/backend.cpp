@@ -74,14 +74,14 @@ void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& s
   if (grads.empty()) {
     return;
   }
-  launch_on_device(grads.front().device(), scale, found_inf,
-                   [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
-                     for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-                       C10_CUDA_CHECK(
-                           kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
-                                  : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
-                     });
-                   });
+  launch_on_device(
+      grads.front().device(), scale, found_inf,
+      [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
+        for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
+          C10_CUDA_CHECK(kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
+                                : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
+        });
+      });
 }
 
 // Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).

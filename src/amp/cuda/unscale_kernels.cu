@@ -49,12 +49,11 @@ cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* 
 template <typename S>
 cudaError_t launch_norm_typed(const Table& table, const float* scale, float* found_inf,
                               float* partials, bool inf_norm, cudaStream_t stream) {
-  return inf_norm ? cuda_common::launch_on_table(norm_check_kernel<S, true>, table,
-                                                 kUnscaleThreads, 0, stream, scale, found_inf,
-                                                 partials)
-                  : cuda_common::launch_on_table(norm_check_kernel<S, false>, table,
-                                                 kUnscaleThreads, 0, stream, scale, found_inf,
-                                                 partials);
+  return inf_norm
+             ? cuda_common::launch_on_table(norm_check_kernel<S, true>, table, kUnscaleThreads, 0,
+                                            stream, scale, found_inf, partials)
+             : cuda_common::launch_on_table(norm_check_kernel<S, false>, table, kUnscaleThreads, 0,
+                                            stream, scale, found_inf, partials);
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tenso
     const at::Tensor x = work.to(at::kFloat);
     partials.push_back(kind == NormKind::kTwo ? (x * x).sum() : x.abs().max());
   }
-  const at::TensorOptions out = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+  const at::TensorOptions out =
+      at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
   if (partials.empty()) {
     return at::zeros({}, out);
   }
