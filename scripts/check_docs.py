@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Checks Doxygen's XML output (docs/Doxyfile.in: <build>/docs/xml) for what Doxygen's own
 warnings miss: every public or protected class, member, enum value, namespace and file of
 the API reference has a description, and the TORCH_ARG options come out as documented

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Builds the libFuzzer target fuzz/fuzz_state_load.cpp with clang (-fsanitize=fuzzer,
 # address,undefined, on lucid-amp's own code; LibTorch is the Debian build, not
 # instrumented) and runs it for a bounded time, starting from the committed corpus

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # On the GPU machine (device tool): build against the machine's PyTorch LibTorch (CUDA),
 # run the whole suite, the reference example and the CUDA unscale benchmark. Logs go to
 # $OUT. GoogleTest, zlib's headers and CLI11 are not installed there: run

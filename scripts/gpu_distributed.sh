@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # On the GPU machine (device tool): build lucid_amp::distributed against the machine's
 # PyTorch LibTorch (CUDA, NCCL), run its tests (ctest label "distributed": Gloo on
 # loopback with 2 and 4 processes where the wheel ships the gloo headers, NCCL with one

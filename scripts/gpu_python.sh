@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # On the GPU machine (device tool), after scripts/gpu_check.sh has built build-gpu: the
 # Python package against the machine's PyTorch (CUDA), linked to build-gpu's library, its
 # tests, and the Python training loops beside PyTorch's own (benchmarks/python). Logs go

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # On the GPU machine (device tool): builds the CUDA test binary against the machine's
 # PyTorch LibTorch and runs its kernel tests under compute-sanitizer: memcheck (out of
 # bounds, misaligned access), racecheck (shared memory hazards: the staged offsets of

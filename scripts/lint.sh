@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Style checks; scripts/test.sh runs them after the build (they need its
 # compile_commands.json). Both cover the library: src/ and include/.
 #   clang-format (.clang-format): every line of src/ and include/ changed since the commit

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The Python package: builds lucid_amp in place (python/lucid_amp/_C*.so) against the
 # PyTorch of Debian's /usr/bin/python3 (python3-torch) and runs its tests (tests/python)
 # with pytest. scripts/test.sh runs it after the C++ suite with

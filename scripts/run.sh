@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The main job: install what is missing, build the trainer, and run one short epoch of
 # --compare on the CPU: fp32, fp16 without loss scaling, fp16 with the GradScaler and
 # bf16, on the first 12800 Fashion-MNIST training images (200 steps of 64; the whole

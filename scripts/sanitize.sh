@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The whole test suite under AddressSanitizer and UndefinedBehaviorSanitizer: a separate
 # build of lucid-amp, its tests and examples (gcc, -O0 -g1 -fsanitize=address,undefined),
 # then all of ctest but the packaging tests (label `packaging`: they build the library

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Shared by run.sh and test.sh: install what a fresh Debian 12 machine lacks, then
 # configure and build lucid-amp in ./build (or $LUCID_AMP_BUILD_DIR), with the compile
 # commands exported for clang-tidy (scripts/lint.sh) and ccache as the compiler launcher

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Everything run.sh does (install, build, the main job), then the whole build and the
 # whole test suite through ctest. Each test executable is one ctest entry here (its
 # GoogleTest cases run inside it): starting LibTorch once per case would add minutes on

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Test executables under valgrind's memcheck (invalid reads and writes, uninitialised
 # values, definite leaks), on the normal build in ./build (scripts/test.sh makes it).
 # Any error fails the run; scripts/valgrind.supp holds the one known report from a

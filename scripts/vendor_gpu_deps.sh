@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Run here (Debian 12), before a GPU-machine script: copies into .vendor/ (git-ignored)
 # the build inputs the GPU machine lacks and cannot install, for the device tool to carry
 # (name .vendor in `carry`). scripts/lib/gpu_configure.sh points CMake at them:

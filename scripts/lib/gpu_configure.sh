@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # Sourced by the GPU-machine scripts (gpu_check.sh, gpu_distributed.sh, gpu_sanitize.sh),
 # run from the repository root: configure_gpu_build DIR LOG [CMAKE_ARG...] configures DIR

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Sourced by scripts/*.sh: install_packages PKG... installs, from Debian, those of the
 # given packages that are not installed yet (apt-get update first; sudo when not root).
 install_packages() {

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Installs the built lucid_amp into WORK_DIR/prefix, checks the installed export, and
 # builds and runs tests/consumer against the package. Inputs as common.cmake, and:
 # BUILD_DIR (the build under test), SOURCE_DIR (tests/consumer), CXX_FLAGS.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Configures this checkout as a top-level project with BUILD_TESTING=OFF and GoogleTest
 # made unfindable, then reads the targets from CMake's file API: the library targets
 # (and `docs` where Doxygen is installed) must be all there is. Inputs as common.cmake,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Configures, builds and runs a parent project that takes lucid-amp from this checkout
 # (PARENT: tests/consumer/subdirectory or tests/consumer/fetchcontent), installs the
 # parent into WORK_DIR/prefix and checks what lucid-amp put there. Inputs as common.cmake,

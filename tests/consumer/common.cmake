@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Shared by the consumer checks (cmake -P scripts): run() and the configure arguments that
 # give an outside project the toolchain and dependencies of the build under test.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Included by the parent projects in subdirectory/ and fetchcontent/ after they took
 # lucid-amp in: what lucid-amp as a subproject must leave alone. EXPECT_BUILD_TYPE is
 # the build type the check configured the parent with (empty: none).

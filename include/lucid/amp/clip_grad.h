@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // Clipping gradients by their total norm without a host synchronisation: the C++ form of
