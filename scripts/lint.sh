@@ -30,8 +30,15 @@ if [ "$what" = all ] || [ "$what" = format ]; then
     base=${added:+$added^}
     base=${base:-HEAD}
     echo "== clang-format: lines of src/ and include/ changed since $(git rev-parse --short "$base")"
-    git clang-format-14 --binary clang-format-14 --diff --extensions h,cpp,cu,cuh \
-      "$base" -- src include || status=1
+    # git-clang-format 14 exits 0 whatever it finds: a diff in its output is the failure.
+    out=$(git clang-format-14 --binary clang-format-14 --diff --extensions h,cpp,cu,cuh \
+            "$base" -- src include) || status=1
+    echo "$out"
+    if [ -n "$out" ] && ! grep -qxE 'no modified files to format|clang-format did not modify any files' \
+         <<<"$out"; then
+      echo "lint: the lines above are not formatted: run git clang-format-14 $base"
+      status=1
+    fi
   fi
 fi
 

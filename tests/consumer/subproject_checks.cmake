@@ -6,7 +6,7 @@ if(NOT TARGET lucid_amp::lucid_amp)
   message(FATAL_ERROR "no target lucid_amp::lucid_amp")
 endif()
 # lucid-amp's tests, examples, trainer and benchmarks are its own, not the parent's.
-foreach(target lucid_amp_test_pch test_grad_scaler_api seed_example lucid_trainer
+foreach(target lucid_amp_test_pch test_grad_scaler_api data_parallel lucid_trainer
                lucid_amp_trainer bench_unscale)
   if(TARGET ${target})
     message(FATAL_ERROR "lucid-amp as a subproject defined its development target ${target}")
