@@ -7,9 +7,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
 # libgloo-dev: c10d's Gloo headers (lucid_amp::distributed). The trainer (apps/trainer)
 # adds its data set, its plotting tool, its argument parser and zlib for the gzipped IDX
-# files.
+# files; the language model (apps/lm) its corpus, the quotations of fortunes.
 packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev
-          dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev)
+          dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev fortunes)
 
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"

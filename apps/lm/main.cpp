@@ -1,0 +1,3 @@
+#include "lm_cli.h"
+
+int main(int argc, char** argv) { return lucid::lm::lm_main(argc, argv); }
