@@ -12,15 +12,15 @@
 # cnn_train_curves.png and lm_curves.png where the machine has gnuplot, else the gnuplot
 # scripts the programs leave (.gp; run them where gnuplot is, paths changed). Run scripts/vendor_gpu_deps.sh on a Debian machine first
 # and carry .vendor (GoogleTest, zlib, CLI11, Fashion-MNIST, fortunes).
-# GPU_TRAINER_EPOCHS (3), GPU_TRAINER_LM_STEPS (1200) size the runs.
+# GPU_TRAINER_EPOCHS (2), GPU_TRAINER_LM_STEPS (1000) size the runs.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # shellcheck source=lib/gpu_configure.sh
 source scripts/lib/gpu_configure.sh
-epochs=${GPU_TRAINER_EPOCHS:-3}
-lm_steps=${GPU_TRAINER_LM_STEPS:-1200}
+epochs=${GPU_TRAINER_EPOCHS:-2}
+lm_steps=${GPU_TRAINER_LM_STEPS:-1000}
 build=build-gpu-trainer
 log=$OUT/gpu_trainer.log
 export LUCID_AMP_FASHION_MNIST_DIR=$PWD/.vendor/fashion-mnist
@@ -30,8 +30,8 @@ say() { echo "== $*" | tee -a "$log"; }
 # Runs a command with a time limit, its output into the main log; the limit keeps one
 # stuck stage from costing the whole call, and what ran before it still comes back.
 # Every stage also ends by the call's deadline (GPU_TRAINER_DEADLINE seconds after the
-# start, 520 by default, under the device tool's 540-second calls), so the logs come back.
-deadline=${GPU_TRAINER_DEADLINE:-520}
+# start, 500 by default, under the device tool's 540-second calls), so the logs come back.
+deadline=${GPU_TRAINER_DEADLINE:-500}
 stage() {
   local limit=$1 start=$SECONDS rc left=$((deadline - SECONDS))
   shift
