@@ -67,8 +67,10 @@ echo "   built in $((SECONDS - start)) s" | tee -a "$log"
 
 say "tests: the trainer's and the LM's (EndToEnd and LmShortRun on the carried data)"
 # -V: every test's own output goes to ctest.log, so that a CUDA case that skipped shows.
-stage 200 ctest --test-dir "$build" -V -j 4 --timeout 150 \
+start=$SECONDS
+timeout $((deadline - SECONDS)) ctest --test-dir "$build" -V -j 4 --timeout 150 \
   -R '^(trainer_|lm_|test_lm$|IdxFiles|Fp16Range|Resume|EndToEnd)' >"$OUT/ctest.log" 2>&1
+echo "   (exit $?, $((SECONDS - start)) s)" | tee -a "$log"
 grep -E "tests passed|tests failed|Total Test time|\*\*\*Failed|^[0-9]+: \[ *(OK|FAILED|SKIPPED) \]|measured" \
   "$OUT/ctest.log" | grep -v -E "IdxFiles|Fp16Range|Resume" | tee -a "$log"
 
