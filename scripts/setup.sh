@@ -13,11 +13,12 @@ build_dir=${LUCID_AMP_BUILD_DIR:-$root/build}
 # adds its data set, its plotting tool, its argument parser and zlib for the gzipped IDX
 # files. The Python package (setup.py, tests/python) builds against Debian's PyTorch with
 # pybind11's headers and the Python headers, and is tested with pytest. doxygen: the API
-# reference and its check (scripts/test.sh).
+# reference and its check (scripts/test.sh). The language model (apps/lm) reads its
+# corpus, the quotations of fortunes.
 packages=(cmake g++ make libtorch-dev libgtest-dev libgloo-dev
           dataset-fashion-mnist gnuplot-nox libcli11-dev zlib1g-dev
           python3-torch python3-dev python3-setuptools pybind11-dev python3-pytest
-          ccache doxygen python3)
+          ccache doxygen python3 fortunes)
 
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // run_app: the trainer program's flow. Every check that can fail on bad input (output
 // folder, checkpoint path, gnuplot, data) runs before the first training step, so that a
 // mistake costs seconds, not a training run.
@@ -36,12 +37,16 @@ void run_app(const CliOptions& o) {
   std::printf("Fashion-MNIST from %s: %lld training images, %lld test images\n",
               o.data_dir.c_str(), static_cast<long long>(data.train.size()),
               static_cast<long long>(data.test.size()));
-  std::printf("device %s, %d threads, batch %lld, Adam lr %g, seed %llu, epochs %lld%s\n",
+  std::printf("device %s, %d threads, batch %lld, Adam lr %g, seed %llu, epochs %lld, "
+              "loss %s x %g, head gain %g%s\n",
               o.config.device.c_str(), at::get_num_threads(),
               static_cast<long long>(o.config.batch_size), o.config.lr,
               static_cast<unsigned long long>(o.config.seed),
               static_cast<long long>(o.config.epochs),
-              o.config.device == "cpu" ? "; fp16 = float16 range emulated on the CPU" : "");
+              o.config.loss_norm == LossNorm::kBatchMean ? "batch mean" : "batch sum / N",
+              o.config.loss_weight, o.config.head_init_gain,
+              o.config.device == "cpu" ? "; fp16 = float16 range emulated on the CPU"
+                                       : "; fp16 = real float16 autocast");
   std::fflush(stdout);
 
   std::vector<RunResult> results;
@@ -78,7 +83,7 @@ void run_app(const CliOptions& o) {
   const std::string csv = (fs::path(o.out_dir) / "train_log.csv").string();
   write_csv(csv, results);
   std::printf("\nCSV log:   %s\n", fs::absolute(csv).string().c_str());
-  if (o.plot) {
+  {
     const std::string png = (fs::path(o.out_dir) / "train_curves.png").string();
     char title[200];
     std::snprintf(title, sizeof title,
@@ -86,8 +91,14 @@ void run_app(const CliOptions& o) {
                   static_cast<long long>(data.train.size()),
                   static_cast<long long>(o.config.epochs),
                   o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
-    plot_png(csv, png, results, title);
-    std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
+    if (o.plot) {
+      plot_png(csv, png, results, title);
+      std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
+    } else {
+      // No plot drawn (--no-plot, or no gnuplot here): the script, for another machine.
+      const std::string script = write_plot_script(csv, png, results, title);
+      std::printf("plot script (not run): %s\n", fs::absolute(script).string().c_str());
+    }
   }
 }
 

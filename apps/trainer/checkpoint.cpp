@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Trainer::save and Trainer::load: one torch::serialize archive holding "model" and
 // "optimizer" (LibTorch's own formats), the GradScaler as GradScaler::save writes it
 // (under lucid::amp::kGradScalerArchiveKey, with its format version and checksum), and
@@ -104,6 +105,7 @@ void Trainer::save(const std::string& path) {
   put(state, "head_init_gain", config_.head_init_gain);
   put(state, "train_size", train_.size());
   put(state, "loss_norm", static_cast<int64_t>(config_.loss_norm));
+  put(state, "loss_weight", config_.loss_weight);
   put(state, "flush_subnormals", static_cast<int64_t>(config_.flush_subnormals));
   put(state, "epoch", epoch_);
   put(state, "batch", batch_);
@@ -143,7 +145,7 @@ void Trainer::load(const std::string& path) {
   const std::string bytes = checked_checkpoint_bytes(path);
   torch::serialize::InputArchive root, model, optim, state;
   std::istringstream in(bytes);
-  root.load_from(in);  // parsed once already, by the check
+  root.load_from(in, device_);  // parsed once already, by the check
   TORCH_CHECK(root.try_read("trainer", state) && root.try_read("model", model) &&
                   root.try_read("optimizer", optim),
               "checkpoint ", path, " is not one written by this trainer's --save.");
@@ -165,6 +167,11 @@ void Trainer::load(const std::string& path) {
              "--head-gain");
   TORCH_CHECK_VALUE(get_int(state, "loss_norm", path) == static_cast<int64_t>(config_.loss_norm),
                     "checkpoint ", path, " was written with the other --loss-norm.");
+  // Checkpoints from before --loss-weight trained with weight 1.
+  at::Tensor saved_weight;
+  const double saved_loss_weight =
+      state.try_read("loss_weight", saved_weight) ? saved_weight.item<double>() : 1.0;
+  check_same("loss weight", saved_loss_weight, config_.loss_weight, "--loss-weight");
   TORCH_CHECK_VALUE(get_int(state, "flush_subnormals", path) == int64_t{config_.flush_subnormals},
                     "checkpoint ", path, " was written with the other --fp16-subnormals.");
   check_same("training-set size", get_int(state, "train_size", path), train_.size(),

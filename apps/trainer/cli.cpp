@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "cli.h"
 
 #include <CLI/CLI.hpp>
@@ -41,7 +42,8 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   app.add_option("--data", o.data_dir,
                  "Folder holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
                  "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz (Debian package "
-                 "dataset-fashion-mnist)")
+                 "dataset-fashion-mnist; the default is $LUCID_AMP_FASHION_MNIST_DIR where "
+                 "set)")
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu, or cuda (real float16 autocast)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -71,6 +73,11 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
                  "dataset: per-step loss = batch sum / training-set size (tiny gradients, "
                  "float16 underflows); batch: the batch mean")
       ->check(CLI::IsMember({"dataset", "batch"}))
+      ->capture_default_str();
+  app.add_option("--loss-weight", c.loss_weight,
+                 "Factor on the per-step loss: below 1 pushes float16's gradients further "
+                 "into underflow (float32 and Adam hardly notice)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of the initial weights and of every epoch's data order")
       ->capture_default_str();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The command line of lucid_amp_trainer (CLI11) and the program it drives.
@@ -18,7 +19,7 @@ struct CliOptions {
   TrainConfig config;                ///< config.precision is the single run's precision
   bool compare = false;              ///< run `modes` one after the other and tabulate
   std::vector<Precision> modes = all_precisions();
-  std::string data_dir = kFashionMnistDir;
+  std::string data_dir = fashion_mnist_dir();
   std::string out_dir = "out";
   std::string save_path;             ///< empty: no checkpoint
   std::string resume_path;           ///< empty: start from scratch

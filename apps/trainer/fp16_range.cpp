@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NOTE: [float16 range emulation]
 // On a GPU, fp16 autocast casts each input of a matmul/conv (activation, weight, bias)
 // to float16, the op accumulates in float32 and writes a float16 output; in backward the

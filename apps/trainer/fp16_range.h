@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // float16 range on hardware that has no float16 autocast (LibTorch 1.13's CPU autocast

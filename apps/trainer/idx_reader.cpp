@@ -1,9 +1,11 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "idx_reader.h"
 
 #include <c10/util/Exception.h>
 #include <zlib.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -114,6 +116,11 @@ Dataset load_idx_pair(const std::string& images_path, const std::string& labels_
   out.images = bytes.to(at::kFloat).div_(255.0).sub_(0.2860).div_(0.3530);
   out.labels = at::from_blob(labels.data.data(), {n}, at::kByte).to(at::kLong);
   return out;
+}
+
+std::string fashion_mnist_dir() {
+  const char* env = std::getenv(kFashionMnistDirEnv);
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(kFashionMnistDir);
 }
 
 FashionMnist load_fashion_mnist(const std::string& dir, int64_t train_limit,

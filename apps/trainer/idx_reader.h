@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // IDX files (the MNIST family's format), plain or gzip-compressed, and the Fashion-MNIST
@@ -14,6 +15,14 @@ namespace trainer {
 
 /// Where dataset-fashion-mnist puts the four files.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+/// The environment variable that overrides kFashionMnistDir.
+inline constexpr const char* kFashionMnistDirEnv = "LUCID_AMP_FASHION_MNIST_DIR";
+
+/// The default data folder: $LUCID_AMP_FASHION_MNIST_DIR where it is set and not empty,
+/// else kFashionMnistDir. The GPU machine has no Debian package: its script carries the
+/// four files and points the variable at them, so that the program's --data default and
+/// the tests read the same copy.
+std::string fashion_mnist_dir();
 
 /// An IDX array of unsigned bytes: its dimensions and its elements, row-major.
 struct IdxArray {

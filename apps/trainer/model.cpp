@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NOTE: [Small head]
 // The last layer can start small (its default init times head_init_gain; 1, i.e. off, by
 // default): a small head makes every gradient flowing back into the network small in the

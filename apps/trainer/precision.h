@@ -1,6 +1,9 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // The four ways the trainer can run, and their names on the command line.
+
+#include <c10/core/Device.h>
 
 #include <string>
 #include <vector>
@@ -23,6 +26,16 @@ const std::vector<Precision>& all_precisions();
 inline bool uses_scaler(Precision p) { return p == Precision::kFp16Scaled; }
 /// Whether the run's forward and backward are in float16 (real or emulated).
 inline bool is_fp16(Precision p) { return p == Precision::kFp16 || p == Precision::kFp16Scaled; }
+
+/// "cpu" or "cuda" as a device; c10::ValueError for another name, c10::Error for cuda
+/// where this LibTorch sees no GPU (naming the CPU-only Debian package).
+c10::Device parse_training_device(const std::string& name);
+
+/// Makes float32 on CUDA mean float32: TF32 off for cuDNN's convolutions (on by default
+/// in every LibTorch) and for cuBLAS, and deterministic cuDNN algorithms, so that the fp32
+/// row of a comparison is a float32 baseline and a rerun repeats it. Process-wide (ATen
+/// has one context); harmless where no GPU is used.
+void use_exact_cuda_float32();
 
 }  // namespace trainer
 }  // namespace lucid

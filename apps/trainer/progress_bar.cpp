@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "progress_bar.h"
 
 #include <unistd.h>

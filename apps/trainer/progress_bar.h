@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // A one-line progress bar on stderr: step, loss, scale, skipped steps, ETA.

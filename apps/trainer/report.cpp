@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #include "report.h"
 
 #include <c10/util/Exception.h>
@@ -133,11 +134,8 @@ const char* colour(Precision p) {
 
 }  // namespace
 
-void plot_png(const std::string& csv_path, const std::string& png_path,
-              const std::vector<RunResult>& runs, const std::string& title) {
-  const std::string gnuplot = find_gnuplot();
-  TORCH_CHECK(!gnuplot.empty(), "gnuplot not found on PATH: install it with "
-              "`apt-get install gnuplot-nox`, or pass --no-plot.");
+std::string write_plot_script(const std::string& csv_path, const std::string& png_path,
+                              const std::vector<RunResult>& runs, const std::string& title) {
   const std::string script = (fs::path(png_path).replace_extension(".gp")).string();
   bool has_scaled = false;
   for (const auto& r : runs) has_scaled = has_scaled || uses_scaler(r.precision);
@@ -181,6 +179,15 @@ void plot_png(const std::string& csv_path, const std::string& png_path,
     gp << "\nunset multiplot\n";
     TORCH_CHECK(gp.good(), "writing ", script, " failed.");
   }
+  return script;
+}
+
+void plot_png(const std::string& csv_path, const std::string& png_path,
+              const std::vector<RunResult>& runs, const std::string& title) {
+  const std::string gnuplot = find_gnuplot();
+  TORCH_CHECK(!gnuplot.empty(), "gnuplot not found on PATH: install it with "
+              "`apt-get install gnuplot-nox`, or pass --no-plot.");
+  const std::string script = write_plot_script(csv_path, png_path, runs, title);
   pid_t pid = 0;
   std::string arg0 = gnuplot, arg1 = script;
   char* argv[] = {arg0.data(), arg1.data(), nullptr};

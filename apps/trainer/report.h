@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // What a finished run leaves behind: the results table, the CSV step log and the PNG
@@ -30,6 +31,11 @@ void write_csv(const std::string& path, const std::vector<RunResult>& runs);
 
 /// The gnuplot program on PATH, or "" if there is none.
 std::string find_gnuplot();
+/// Writes the gnuplot script that plot_png runs (beside `png_path`, extension .gp) and
+/// returns its path; a machine without gnuplot (the GPU machine) leaves it for another
+/// to run. c10::Error if it cannot be written.
+std::string write_plot_script(const std::string& csv_path, const std::string& png_path,
+                              const std::vector<RunResult>& runs, const std::string& title);
 /// Writes a gnuplot script beside `png_path` and runs gnuplot on it: loss curves of all
 /// runs above, the loss scale (log2 axis, overflows marked) below. c10::Error if gnuplot
 /// is missing (naming the package) or fails.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // NOTE: [Loss normalisation]
 // The objective is the training set's mean loss, (1/N) sum_i loss_i. A step can estimate
 // it as the batch mean, (1/B) sum_batch loss_i, or as the batch's share of it,
@@ -12,12 +13,13 @@
 // mean, unscaled float16 loses many more gradient entries than float32 but hardly any
 // accuracy on this small model; with kDatasetSum it learns nothing (Metal's flushing)
 // or a little less (IEEE subnormals kept), and the GradScaler restores float32's result.
+// On the H200 (docs/TRAINING.md), real float16 keeps subnormals and ends 2 epochs 0.11 pp
+// behind float32; it fails (-21 pp) once the loss is also multiplied by 1/64.
 
 #include "trainer.h"
 
 #include <lucid/amp/autocast.h>
 #include <c10/util/Exception.h>
-#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
@@ -28,32 +30,21 @@
 
 namespace lucid {
 namespace trainer {
-namespace {
-
-at::Device parse_device(const std::string& name) {
-  TORCH_CHECK_VALUE(name == "cpu" || name == "cuda", "unknown device '", name,
-                    "': choose cpu or cuda.");
-  if (name == "cuda") {
-    TORCH_CHECK(torch::cuda::is_available(),
-                "--device cuda: no CUDA device is visible to this LibTorch (Debian's "
-                "libtorch-dev is CPU-only); run on the CPU, the default.");
-  }
-  return at::Device(name);
-}
-
-}  // namespace
 
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
-    : config_(std::move(config)), device_(parse_device(config_.device)), train_(train),
-      test_(test) {
+    : config_(std::move(config)), device_(parse_training_device(config_.device)),
+      train_(train), test_(test) {
   TORCH_CHECK_VALUE(config_.epochs >= 1, "epochs must be >= 1, got ", config_.epochs, ".");
   TORCH_CHECK_VALUE(config_.batch_size >= 1, "batch size must be >= 1, got ",
                     config_.batch_size, ".");
   TORCH_CHECK_VALUE(config_.lr > 0, "learning rate must be > 0, got ", config_.lr, ".");
+  TORCH_CHECK_VALUE(config_.loss_weight > 0, "loss weight must be > 0, got ",
+                    config_.loss_weight, ".");
   TORCH_CHECK_VALUE(config_.max_steps >= 0, "max steps must be >= 0, got ",
                     config_.max_steps, ".");
   TORCH_CHECK_VALUE(train.size() > 0 && test.size() > 0,
                     "the training and test sets must not be empty.");
+  if (device_.is_cuda()) use_exact_cuda_float32();
   train_images_ = train.images.to(device_);
   train_labels_ = train.labels.to(device_);
   test_images_ = test.images.to(device_);
@@ -108,17 +99,17 @@ at::Tensor Trainer::forward_(const at::Tensor& x) {
 }
 
 void Trainer::train_step_(const at::Tensor& index) {
-  const auto idx = index.to(device_);
-  const auto x = train_images_.index_select(0, idx);
-  const auto y = train_labels_.index_select(0, idx);
+  const auto x = train_images_.index_select(0, index);
+  const auto y = train_labels_.index_select(0, index);
   model_->train();
   optimizer_->zero_grad();
   const auto per_example = torch::nn::functional::cross_entropy(
       forward_(x), y,
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-  const auto loss = config_.loss_norm == LossNorm::kBatchMean
-                        ? per_example.mean()
-                        : per_example.sum() / static_cast<double>(train_.size());
+  const auto loss = (config_.loss_norm == LossNorm::kBatchMean
+                         ? per_example.mean()
+                         : per_example.sum() / static_cast<double>(train_.size())) *
+                    config_.loss_weight;
   scaler_->scale(loss).backward();
   const bool stepped = scaler_->step(*optimizer_).has_value();
   scaler_->update();
@@ -152,7 +143,8 @@ RunResult Trainer::run(const OnStep& on_step, const OnEpoch& on_epoch) {
 
   bool evaluated_last = false;
   while (epoch_ < config_.epochs && (config_.max_steps == 0 || result_.steps < config_.max_steps)) {
-    const auto order = epoch_order_(epoch_);
+    // On the device once per epoch: no host-to-device copy per step.
+    const auto order = epoch_order_(epoch_).to(device_);
     auto t0 = clock::now();
     while (batch_ < per_epoch && (config_.max_steps == 0 || result_.steps < config_.max_steps)) {
       const int64_t start = batch_ * config_.batch_size;

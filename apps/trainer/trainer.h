@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
 // One training run of the small CNN in one precision: the loop, per-epoch evaluation,
@@ -35,6 +36,11 @@ struct TrainConfig {
   double lr = 1e-3;               ///< Adam's learning rate
   double head_init_gain = 1.0;    ///< NOTE: [Small head] in model.cpp
   LossNorm loss_norm = LossNorm::kDatasetSum;
+  /// Factor on the per-step loss, 1 by default. Adam divides each gradient by its running
+  /// magnitude, so in float32 a factor changes little (up to Adam's epsilon); in float16
+  /// it moves every gradient towards (< 1) or away from (> 1) underflow: the knob that
+  /// finds where unscaled float16 stops learning (docs/TRAINING.md).
+  double loss_weight = 1.0;
   /// CPU float16 emulation: flush results below 2^-14 to 0 (Metal, the reference API's device) or
   /// keep IEEE subnormals (CUDA). NOTE: [float16 range emulation] in fp16_range.cpp.
   bool flush_subnormals = true;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The float16-range emulation: what it rounds, forward and backward, and that the model
 // built on it loses small gradients without loss scaling and keeps them with it.
 

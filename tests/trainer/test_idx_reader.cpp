@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // IDX parsing: good files (gzip and plain), truncated ones, a wrong magic number, and the
 // data-set-level checks. The files are written here; the real data set is not needed.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Checkpoints: a run interrupted, saved, and resumed in fresh objects ends exactly where
 // the uninterrupted run ends: same weights, same loss and scale at every step, same
 // scaler counters. A checkpoint that is corrupt, of another precision or of the earlier
