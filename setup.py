@@ -20,6 +20,7 @@ compiled. The library must match the extension's CUDA setting.
 
 import glob
 import os
+import re
 
 from setuptools import setup
 
@@ -55,6 +56,40 @@ def _library_sources():
     return cpp, cuda
 
 
+def _project_version():
+    """The version CMakeLists.txt's project(VERSION) sets: the one place it is kept."""
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        match = re.search(r"project\(lucid_amp VERSION (\d+)\.(\d+)\.(\d+)", f.read())
+    if match is None:
+        raise RuntimeError("setup.py: no project(lucid_amp VERSION x.y.z) in CMakeLists.txt")
+    return match.groups()
+
+
+def _generated_include_dir():
+    """Generates lucid/amp/version.h from its .in template, as CMake's configure_file does,
+    into build-python/include, and returns that folder for the include path."""
+    major, minor, patch = _project_version()
+    values = {
+        "PROJECT_VERSION_MAJOR": major,
+        "PROJECT_VERSION_MINOR": minor,
+        "PROJECT_VERSION_PATCH": patch,
+        "PROJECT_VERSION": f"{major}.{minor}.{patch}",
+    }
+    with open(os.path.join(ROOT, "include", "lucid", "amp", "version.h.in")) as f:
+        text = re.sub(r"@(\w+)@", lambda m: values[m.group(1)], f.read())
+    out_dir = os.path.join(ROOT, "build-python", "include")
+    header = os.path.join(out_dir, "lucid", "amp", "version.h")
+    os.makedirs(os.path.dirname(header), exist_ok=True)
+    old = None
+    if os.path.exists(header):
+        with open(header) as f:
+            old = f.read()
+    if old != text:  # unchanged: keep the timestamp, so nothing rebuilds for it
+        with open(header, "w") as f:
+            f.write(text)
+    return out_dir
+
+
 def _use_cuda():
     if os.environ.get("LUCID_AMP_FORCE_CPU", "0") not in ("", "0"):
         return False
@@ -77,7 +112,8 @@ def _extension():
     kwargs = dict(
         name="lucid_amp._C",
         sources=bindings + ([] if prebuilt else cpp),
-        include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "src")],
+        include_dirs=[_generated_include_dir(), os.path.join(ROOT, "include"),
+                      os.path.join(ROOT, "src")],
         extra_compile_args={"cxx": cxx_flags},
     )
     if prebuilt:
@@ -99,7 +135,7 @@ def _extension():
 
 setup(
     name="lucid_amp",
-    version="0.1.0",
+    version=".".join(_project_version()),
     description="Dynamic loss scaling for PyTorch: a drop-in torch.amp.GradScaler on "
     "lucid-amp's C++ core and kernels",
     package_dir={"": "python"},
