@@ -28,7 +28,8 @@ install_packages "${packages[@]}"
 flags="-O0 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
 echo "== configuring the sanitizer build in $build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
-  -DLUCID_AMP_BUILD_TESTS=ON -DLUCID_AMP_BUILD_EXAMPLES=ON -DLUCID_AMP_DISCOVER_TESTS=OFF "$@"
+  -DLUCID_AMP_BUILD_TESTS=ON -DLUCID_AMP_BUILD_EXAMPLES=ON -DLUCID_AMP_DISCOVER_TESTS=OFF \
+  -DLUCID_AMP_BUILD_TRAINER=OFF "$@"
 echo "== building (ASan + UBSan)"
 cmake --build "$build_dir" -j "$(nproc)"
 

@@ -162,7 +162,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // at most 1) then folds into the scale the gradients are divided by. A scaler-aware
   // optimizer gets that divisor and reads the gradients once more inside its own step;
   // any other optimizer gets one write pass of grad * (coefficient / scale).
-  const at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
+  at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
   const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
   const at::Tensor divisor = scale / coefficient;
   if (view.set_grad_scaling) {
