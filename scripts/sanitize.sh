@@ -26,6 +26,8 @@ install_packages "${packages[@]}"
 # -O0 -g1 (line tables only): a third of the compile time of -O1 -g on the 2-core CI
 # machine, where every source includes LibTorch; reports still name file and line.
 flags="-O0 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+# The trainer and the language model (apps/) are left to the plain stage: trained for real
+# under -O0 and the sanitizers they would take most of CI's time.
 echo "== configuring the sanitizer build in $build_dir"
 cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
   -DLUCID_AMP_BUILD_TESTS=ON -DLUCID_AMP_BUILD_EXAMPLES=ON -DLUCID_AMP_DISCOVER_TESTS=OFF \
