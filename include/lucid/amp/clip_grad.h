@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
-// Clipping gradients by their total norm without a host synchronisation: the C++ form of
-// torch::nn::utils::clip_grad_norm_ that leaves the norm on the device. With a
-// GradScaler, use GradScaler::clip_grad_norm_ instead: it unscales and clips in the same
-// pass.
+/// @file
+/// Clipping gradients by their total norm without a host synchronisation: the C++ form of
+/// torch::nn::utils::clip_grad_norm_ that leaves the norm on the device. With a
+/// GradScaler, use GradScaler::clip_grad_norm_ instead: it unscales and clips in the same
+/// pass.
 
 #include <ATen/core/Tensor.h>
 
