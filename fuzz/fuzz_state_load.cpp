@@ -20,7 +20,8 @@
 //     same bytes.
 //
 // Build and run: scripts/fuzz.sh (clang++ -fsanitize=fuzzer,address,undefined).
-// LUCID_FUZZ_WRITE_SEEDS=dir writes the seed inputs into dir and exits.
+// LUCID_FUZZ_WRITE_CORPUS=dir writes the starting corpus (one valid input of each kind)
+// into dir and exits.
 
 #include <lucid/amp.h>
 #include <torch/optim/sgd.h>
@@ -284,7 +285,7 @@ void inflate_against_zlib(const uint8_t* data, size_t size) {
   }
 }
 
-void write_seeds(const char* dir) {
+void write_corpus(const char* dir) {
   const auto put = [&](const std::string& name, uint8_t mode, const std::string& body) {
     std::ofstream f(std::string(dir) + "/" + name, std::ios::binary);
     f.put(static_cast<char>(mode));
@@ -313,8 +314,8 @@ void write_seeds(const char* dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* dir = std::getenv("LUCID_FUZZ_WRITE_SEEDS")) {
-    write_seeds(dir);
+  if (const char* dir = std::getenv("LUCID_FUZZ_WRITE_CORPUS")) {
+    write_corpus(dir);
     std::exit(0);
   }
   return 0;

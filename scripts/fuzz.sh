@@ -47,8 +47,8 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$build_dir/corpus-new" "$root/fuzz/corpus"
 if [ -z "$(ls -A "$root/fuzz/corpus")" ]; then
-  echo "== writing the seed inputs into fuzz/corpus"
-  LUCID_FUZZ_WRITE_SEEDS="$root/fuzz/corpus" "$fuzzer" || true
+  echo "== writing the starting corpus into fuzz/corpus"
+  LUCID_FUZZ_WRITE_CORPUS="$root/fuzz/corpus" "$fuzzer" || true
 fi
 
 if ((merge)); then

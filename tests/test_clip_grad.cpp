@@ -4,6 +4,7 @@
 // followed by it, on every backend, fused optimizers or not; overflow, errors, determinism
 // and a clipped training run with injected overflows against its control.
 
+#include "support/backend_fixture.h"
 #include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
@@ -20,34 +21,9 @@ namespace {
 
 using namespace lucid_test;
 
-enum class Backend { kCpu, kGeneric, kCuda };
+class ClipBackends : public BackendTest {};
 
-class ClipBackends : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (GetParam() == Backend::kCuda && !torch::cuda::is_available()) {
-      GTEST_SKIP() << "no CUDA device";
-    }
-    if (GetParam() == Backend::kGeneric) {
-      force_ = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
-    }
-  }
-  torch::Device device() const {
-    return GetParam() == Backend::kCuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  }
-  torch::TensorOptions on(torch::Dtype dtype = torch::kFloat) const {
-    return torch::TensorOptions().dtype(dtype).device(device());
-  }
-  std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force_;
-};
-
-INSTANTIATE_TEST_SUITE_P(, ClipBackends,
-                         ::testing::Values(Backend::kCpu, Backend::kGeneric, Backend::kCuda),
-                         [](const auto& info) {
-                           return info.param == Backend::kCpu       ? "Cpu"
-                                  : info.param == Backend::kGeneric ? "Generic"
-                                                                    : "Cuda";
-                         });
+LUCID_TEST_INSTANTIATE_BACKENDS(ClipBackends);
 
 // Parameters of several sizes (one without a gradient) with random gradients.
 std::vector<torch::Tensor> make_params(const torch::TensorOptions& options, uint64_t seed,

@@ -7,7 +7,7 @@
 // report, and every parameter and gradient value.
 //
 // LUCID_PROPERTY_SEQUENCES (default 3000) and LUCID_PROPERTY_SEED (default 20240611) set
-// the number of sequences and the seed; a failure prints the seed and sequence to replay.
+// the number of sequences and the random seed; a failure prints both to replay it.
 
 #include "support/scaler_fixtures.h"
 

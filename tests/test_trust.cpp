@@ -3,6 +3,7 @@
 // follows Megatron-LM and DeepSpeed, and nothing grows without evidence. The schedule is
 // checked against reference models written from those projects' published rules.
 
+#include "support/backend_fixture.h"
 #include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
@@ -25,37 +26,9 @@ using lucid::amp::OptimizerView;
 // ---------------------------------------------------------------------------------------
 // Backends: the CPU kernel, the generic ATen-ops path, and CUDA where there is a GPU.
 
-enum class Backend { kCpu, kGeneric, kCuda };
+class TrustBackends : public BackendTest {};
 
-class TrustBackends : public ::testing::TestWithParam<Backend> {
- protected:
-  void SetUp() override {
-    if (GetParam() == Backend::kCuda && !torch::cuda::is_available()) {
-      GTEST_SKIP() << "no CUDA device";
-    }
-    if (GetParam() == Backend::kGeneric) {
-      force_ = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
-    }
-  }
-  torch::Device device() const {
-    return GetParam() == Backend::kCuda ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
-  }
-  std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force_;
-};
-
-INSTANTIATE_TEST_SUITE_P(, TrustBackends,
-                         ::testing::Values(Backend::kCpu, Backend::kGeneric, Backend::kCuda),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case Backend::kCpu:
-                               return "Cpu";
-                             case Backend::kGeneric:
-                               return "Generic";
-                             case Backend::kCuda:
-                               return "Cuda";
-                           }
-                           return "?";
-                         });
+LUCID_TEST_INSTANTIATE_BACKENDS(TrustBackends);
 
 // One parameter seen through an OptimizerView: the cheapest optimizer the scaler takes.
 struct ViewParam {
