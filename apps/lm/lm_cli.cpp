@@ -7,8 +7,8 @@
 
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 
+#include "cli.h"
 #include "lm_report.h"
 #include "progress_bar.h"
 #include "report.h"
@@ -114,7 +114,6 @@ std::optional<LmOptions> parse_lm_cli(int argc, char** argv, int& exit_code) {
 }
 
 std::vector<LmResult> run_lm_app(const LmOptions& o) {
-  namespace fs = std::filesystem;
   if (o.threads > 0) at::set_num_threads(o.threads);
   trainer::ensure_writable_dir(o.out_dir);
   if (o.plot) {
@@ -160,42 +159,18 @@ std::vector<LmResult> run_lm_app(const LmOptions& o) {
     std::fflush(stdout);
   }
   std::printf("\n%s", lm_results_table(results).c_str());
-  const std::string csv = (fs::path(o.out_dir) / "lm_log.csv").string();
-  trainer::write_csv(csv, runs);
-  std::printf("\nCSV log:   %s\n", fs::absolute(csv).string().c_str());
-  {
-    const std::string png = (fs::path(o.out_dir) / "lm_curves.png").string();
-    char title[200];
-    std::snprintf(title, sizeof title,
-                  "lucid-amp: byte-level GPT on fortunes, %lld steps of %lld tokens, %s",
-                  static_cast<long long>(o.config.steps),
-                  static_cast<long long>(o.config.batch_size * s.context),
-                  o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
-    if (o.plot) {
-      trainer::plot_png(csv, png, runs, title);
-      std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
-    } else {
-      // No plot drawn (--no-plot, or no gnuplot here): the script, for another machine.
-      const std::string script = trainer::write_plot_script(csv, png, runs, title);
-      std::printf("plot script (not run): %s\n", fs::absolute(script).string().c_str());
-    }
-  }
+  char title[200];
+  std::snprintf(title, sizeof title,
+                "lucid-amp: byte-level GPT on fortunes, %lld steps of %lld tokens, %s",
+                static_cast<long long>(o.config.steps),
+                static_cast<long long>(o.config.batch_size * s.context),
+                o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
+  trainer::write_logs(o.out_dir, "lm_log.csv", "lm_curves.png", runs, title, o.plot);
   return results;
 }
 
 int lm_main(int argc, char** argv) {
-  int code = 0;
-  try {
-    auto options = parse_lm_cli(argc, argv, code);
-    if (!options) return code;
-    run_lm_app(*options);
-    return 0;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
-  }
-  return 1;
+  return trainer::guarded_main(argc, argv, parse_lm_cli, run_lm_app);
 }
 
 }  // namespace lm

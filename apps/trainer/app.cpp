@@ -80,26 +80,13 @@ void run_app(const CliOptions& o) {
   }
 
   std::printf("\n%s", results_table(results).c_str());
-  const std::string csv = (fs::path(o.out_dir) / "train_log.csv").string();
-  write_csv(csv, results);
-  std::printf("\nCSV log:   %s\n", fs::absolute(csv).string().c_str());
-  {
-    const std::string png = (fs::path(o.out_dir) / "train_curves.png").string();
-    char title[200];
-    std::snprintf(title, sizeof title,
-                  "lucid-amp on Fashion-MNIST: %lld training images, %lld epoch(s), %s",
-                  static_cast<long long>(data.train.size()),
-                  static_cast<long long>(o.config.epochs),
-                  o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
-    if (o.plot) {
-      plot_png(csv, png, results, title);
-      std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
-    } else {
-      // No plot drawn (--no-plot, or no gnuplot here): the script, for another machine.
-      const std::string script = write_plot_script(csv, png, results, title);
-      std::printf("plot script (not run): %s\n", fs::absolute(script).string().c_str());
-    }
-  }
+  char title[200];
+  std::snprintf(title, sizeof title,
+                "lucid-amp on Fashion-MNIST: %lld training images, %lld epoch(s), %s",
+                static_cast<long long>(data.train.size()),
+                static_cast<long long>(o.config.epochs),
+                o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
+  write_logs(o.out_dir, "train_log.csv", "train_curves.png", results, title, o.plot);
 }
 
 }  // namespace trainer

@@ -134,18 +134,7 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
 }
 
 int trainer_main(int argc, char** argv) {
-  int code = 0;
-  try {
-    auto options = parse_cli(argc, argv, code);
-    if (!options) return code;
-    run_app(*options);
-    return 0;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
-  }
-  return 1;
+  return guarded_main(argc, argv, parse_cli, run_app);
 }
 
 }  // namespace trainer

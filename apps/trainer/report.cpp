@@ -199,5 +199,23 @@ void plot_png(const std::string& csv_path, const std::string& png_path,
               " (its messages are above).");
 }
 
+void write_logs(const std::string& out_dir, const std::string& csv_name,
+                const std::string& png_name, const std::vector<RunResult>& runs,
+                const std::string& title, bool plot) {
+  namespace fs = std::filesystem;
+  const std::string csv = (fs::path(out_dir) / csv_name).string();
+  write_csv(csv, runs);
+  std::printf("\nCSV log:   %s\n", fs::absolute(csv).string().c_str());
+  const std::string png = (fs::path(out_dir) / png_name).string();
+  if (plot) {
+    plot_png(csv, png, runs, title);
+    std::printf("plot:      %s\n", fs::absolute(png).string().c_str());
+  } else {
+    // No plot drawn (--no-plot, or no gnuplot here): the script, for another machine.
+    const std::string script = write_plot_script(csv, png, runs, title);
+    std::printf("plot script (not run): %s\n", fs::absolute(script).string().c_str());
+  }
+}
+
 }  // namespace trainer
 }  // namespace lucid

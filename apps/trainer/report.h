@@ -42,5 +42,12 @@ std::string write_plot_script(const std::string& csv_path, const std::string& pn
 void plot_png(const std::string& csv_path, const std::string& png_path,
               const std::vector<RunResult>& runs, const std::string& title);
 
+/// A program's outputs after its runs: the step log `csv_name` and the plot `png_name` in
+/// `out_dir` (with `plot` false, or on a machine without gnuplot, only the plot's script),
+/// printing where each went. c10::Error as write_csv and plot_png.
+void write_logs(const std::string& out_dir, const std::string& csv_name,
+                const std::string& png_name, const std::vector<RunResult>& runs,
+                const std::string& title, bool plot);
+
 }  // namespace trainer
 }  // namespace lucid
