@@ -52,6 +52,26 @@ def _buffer(state: dict, key: str, param: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def _run_closure(closure):
+    """The closure's loss, evaluated with gradients enabled (None without a closure)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def _groups_to_step(optimizer):
+    """Each param group of ``optimizer`` with its parameters that have a gradient, groups
+    without any left out; ``maximize`` is refused (NotImplementedError)."""
+    name = type(optimizer).__name__
+    for group in optimizer.param_groups:
+        if group.get("maximize", False):
+            raise NotImplementedError(f"{name} has no maximize option")
+        params = _params_with_grads(group, name)
+        if params:
+            yield group, params
+
+
 def _params_with_grads(group, name):
     out = []
     for p in group["params"]:
@@ -98,18 +118,9 @@ class FusedAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One update of every parameter with a gradient; a closure is evaluated first."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
-        name = type(self).__name__
-        for group in self.param_groups:
-            if group.get("maximize", False):
-                raise NotImplementedError(f"{name} has no maximize option")
-            params = _params_with_grads(group, name)
-            if not params:
-                continue
+        for group, params in _groups_to_step(self):
             exp_avg, exp_avg_sq, max_exp_avg_sq, steps = [], [], [], []
             for p in params:
                 state = self.state[p]
@@ -175,17 +186,9 @@ class FusedSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One update of every parameter with a gradient; a closure is evaluated first."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
-        for group in self.param_groups:
-            if group.get("maximize", False):
-                raise NotImplementedError("FusedSGD has no maximize option")
-            params = _params_with_grads(group, "FusedSGD")
-            if not params:
-                continue
+        for group, params in _groups_to_step(self):
             momentum = group["momentum"] != 0
             buffers, steps = [], []
             for p in params:
