@@ -13,6 +13,9 @@ echo "== building the Python package (prebuilt build-gpu/liblucid_amp.a)"
 LUCID_AMP_PREBUILT_LIBRARY=build-gpu/liblucid_amp.a python3 setup.py --quiet build_ext --inplace \
   >"$OUT/python_build.log" 2>&1 || { tail -40 "$OUT/python_build.log"; exit 1; }
 echo "== pytest tests/python"
-python3 -m pytest -q tests/python 2>&1 | tee "$OUT/pytest.log" | tail -15
+# -v and faulthandler: a crash in an extension names the test and the Python stack.
+python3 -X faulthandler -m pytest -v -p no:cacheprovider tests/python >"$OUT/pytest.log" 2>&1
+echo "pytest exit status $?"
+grep -E "passed|failed|Fatal Python error|Segmentation" "$OUT/pytest.log" | tail -5
 echo "== benchmarks/python/bench_loops.py"
 PYTHONPATH=python python3 benchmarks/python/bench_loops.py 2>&1 | tee "$OUT/bench_loops.log"
