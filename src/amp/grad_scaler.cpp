@@ -118,6 +118,12 @@ bool GradScaler::step_skipped(const torch::optim::Optimizer& optimizer) const {
 
 bool GradScaler::step_skipped(const void* key) const { return core_().step_skipped(key); }
 
+torch::Tensor GradScaler::found_inf(const torch::optim::Optimizer& optimizer) const {
+  return core_().found_inf(&optimizer);
+}
+
+torch::Tensor GradScaler::found_inf(const void* key) const { return core_().found_inf(key); }
+
 bool GradScaler::overflowed(const torch::optim::Optimizer& optimizer) {
   if (!is_enabled()) {
     return false;

@@ -59,6 +59,10 @@ class ScaleSchedule {
   void place(const at::Device& device);
   // float32, 0-dim; undefined until placed.
   const at::Tensor& scale() const { return scale_; }
+  // int32, 0-dim, beside the scale; undefined until placed.
+  const at::Tensor& growth_tracker() const { return growth_tracker_; }
+  // int32, 0-dim, beside the scale; undefined until placed and guarded() needs it.
+  const at::Tensor& overflow_tracker() const { return overflow_tracker_; }
   // The scale as a double (reads it back when placed).
   double value() const;
   // Sets the scale (update(new_scale)); `value` already checked.

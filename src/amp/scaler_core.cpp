@@ -238,8 +238,12 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   record.stage = OptimizerStage::kStepped;
   if (options().graph_safe()) {
     // The host never learns here whether the step was skipped: the flag stays unread and
-    // the update's counters are settled later (NOTE: [Diagnostics without host
-    // synchronisation]); steps_taken/steps_skipped do not count graph-safe steps.
+    // the device counts the outcome (NOTE: [Counting on the device]).
+    if (schedule_.placed()) {
+      diagnostics_.tally().note_step(view.key, record.found_inf, schedule_.scale().device());
+    } else {
+      diagnostics_.note_step(view.key, /*skipped=*/false);  // no scale yet: nothing to skip
+    }
     return true;
   }
   // Read after the launch: the step was already skipped on the device if needed, the
@@ -316,8 +320,16 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
     if (decide_on_host && found) {
       check_overflow_streak_();
     }
+    const bool count_on_device = opts.graph_safe() && !decide_on_host;
+    if (count_on_device) {
+      // Before advance(): the outcome is decided from the trackers before the update.
+      diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
+                                       schedule_.overflow_tracker(), opts);
+    }
     schedule_.advance(found_inf);
-    diagnostics_.note_schedule_update(known, found, found_inf, opts);
+    if (!count_on_device) {
+      diagnostics_.note_schedule_update(known, found, found_inf, opts);
+    }
     return std::nullopt;
   }
   check_overflow_streak_();
@@ -380,9 +392,20 @@ OptimizerStage ScalerCore::stage(const void* key) const {
   return record == nullptr ? OptimizerStage::kReady : record->stage;
 }
 
-ScalerCounters ScalerCore::counters() {
-  diagnostics_.resolve_pending(options());
-  return diagnostics_.counters();
+ScalerCounters ScalerCore::counters() { return diagnostics_.all_counters(options()); }
+
+at::Tensor ScalerCore::found_inf(const void* key) const {
+  const OptimizerRecord* record = records_.find(key);
+  TORCH_CHECK(record != nullptr && record->stage != OptimizerStage::kReady,
+              "found_inf(optimizer): no overflow check was recorded for this optimizer since "
+              "the last update(). Call unscale_(optimizer), clip_grad_norm_(optimizer, ...) or "
+              "step(optimizer) first; update() starts a new iteration.");
+  if (record->found_inf.defined()) {
+    return record->found_inf;
+  }
+  // No scale yet (or disabled): nothing was unscaled, so nothing overflowed.
+  const at::Device device = schedule_.placed() ? schedule_.scale().device() : at::Device(at::kCPU);
+  return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
 bool ScalerCore::overflowed(const OptimizerView& view) {

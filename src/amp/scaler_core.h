@@ -52,6 +52,9 @@ class ScalerCore {
   // Diagnostics.
   ScalerCounters counters();
   bool step_skipped(const void* key) const { return diagnostics_.step_skipped(key); }
+  // The overflow flag of this iteration for the optimizer with key `key` (float32, 0-dim,
+  // on the scale's device, unread); throws when it has none since the last update().
+  at::Tensor found_inf(const void* key) const;
   bool overflowed(const OptimizerView& view);
   const std::optional<OverflowReport>& last_overflow() const {
     return diagnostics_.last_overflow();

@@ -217,16 +217,30 @@ bool ScalerDiagnostics::predicts_backoff(bool found, const GradScalerOptions& op
   return advance_trackers(growth, overflow, found, options) == ScaleEvent::kBackoff;
 }
 
+ScalerCounters ScalerDiagnostics::all_counters(const GradScalerOptions& options) {
+  resolve_pending(options);
+  ScalerCounters all = counters_;
+  tally_.add_to(all);
+  return all;
+}
+
 void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
                               const ScalerCounters* counters) {
   growth_tracker_ = static_cast<int32_t>(growth_tracker);
   overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
   if (counters != nullptr) {
     counters_ = *counters;
+  } else {
+    tally_.add_to(counters_);  // keep counting: fold the tally into the host counters
   }
+  tally_.reset(counters_.overflow_streak);
 }
 
 bool ScalerDiagnostics::step_skipped(const void* key) const {
+  bool skipped = false;
+  if (tally_.last_step(key, &skipped)) {
+    return skipped;
+  }
   const auto it = last_step_skipped_.find(key);
   return it != last_step_skipped_.end() && it->second;
 }

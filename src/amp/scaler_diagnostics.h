@@ -26,10 +26,14 @@
 //   for, before a load or a save, or when it reaches kMaxPendingUpdates entries.
 // - With min_scale or a backoff callback, update() reads the unread flags itself (NOTE:
 //   [Guards]), so nothing is queued.
+// - graph_safe mode counts steps and schedule updates on the device instead (NOTE:
+//   [Counting on the device] in device_tally.h); all_counters() adds that tally.
 
 #include <lucid/amp/diagnostics.h>
 #include <lucid/amp/grad_scaler_options.h>
 #include <lucid/amp/optimizer_view.h>
+
+#include "amp/device_tally.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
@@ -70,8 +74,13 @@ class ScalerDiagnostics {
   // A backoff held the scale at min_scale (counted once the update is resolved).
   void note_min_scale_hold() { ++counters_.min_scale_holds; }
 
-  // The counters as of the last resolved update.
+  // graph_safe mode counts on the device (NOTE: [Counting on the device]).
+  DeviceTally& tally() { return tally_; }
+
+  // The counters as of the last resolved update (without the device tally).
   const ScalerCounters& counters() const { return counters_; }
+  // Everything counted: the resolved counters and the device tally (one read).
+  ScalerCounters all_counters(const GradScalerOptions& options);
   // A checkpoint's trackers (and counters, when it has them) replace the mirror.
   void reset(int64_t growth_tracker, int64_t overflow_tracker, const ScalerCounters* counters);
 
@@ -111,6 +120,7 @@ class ScalerDiagnostics {
   std::optional<OverflowReport> last_overflow_;
   BackoffCallback on_backoff_;
   std::unordered_map<const c10::TensorImpl*, Name> names_;
+  DeviceTally tally_;
 };
 
 }  // namespace detail

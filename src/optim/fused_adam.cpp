@@ -44,6 +44,18 @@ void FusedAdamOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
 }
 
+FusedAdamOptions& FusedAdamOptions::lr(double value) {
+  lr_ = value;
+  live_.write(detail::LiveSlot::kLr, value);
+  return *this;
+}
+
+FusedAdamOptions& FusedAdamOptions::weight_decay(double value) {
+  weight_decay_ = value;
+  live_.write(detail::LiveSlot::kWeightDecay, value);
+  return *this;
+}
+
 double FusedAdamOptions::get_lr() const { return lr(); }
 
 void FusedAdamOptions::set_lr(const double lr) { this->lr(lr); }
@@ -83,9 +95,10 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   detail::for_each_bucket<FusedAdamOptions>(
       param_groups_, decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam", check_options,
       [&](const FusedAdamOptions& o, const detail::Bucket& bucket) {
-        const detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                                      o.eps(), o.weight_decay(), o.amsgrad(),
-                                      decoupled_weight_decay_};
+        detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
+                                o.eps(), o.weight_decay(), o.amsgrad(),
+                                decoupled_weight_decay_};
+        hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), 0.0);
         std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
         for (const at::Tensor& p : bucket.originals) {
           auto& s = detail::param_state<FusedAdamParamState>(state_, p, [&](FusedAdamParamState& fresh) {

@@ -10,15 +10,26 @@ namespace lucid {
 namespace optim {
 namespace detail {
 
+// The slots of the device copies of the hyper-parameters that schedules change (NOTE:
+// [Hyper-parameters on the device] in src/optim/live_hyper_parameters.cpp): float64, one
+// entry per slot. A kernel given them reads these values there instead of the host values
+// of its launch, so that a CUDA graph replays with the values of the replay.
+struct LiveSlot {
+  enum : int { kLr = 0, kWeightDecay = 1, kMomentum = 2 };
+  static constexpr int kCount = 3;
+};
+
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;
   bool amsgrad;
   bool decoupled_weight_decay;  // AdamW: p *= 1 - lr * weight_decay, grad untouched
+  const double* live = nullptr;  // device copies in LiveSlot order, or null (CPU)
 };
 
 struct SgdHyper {
   double lr, momentum, dampening, weight_decay;
   bool nesterov;
+  const double* live = nullptr;  // device copies in LiveSlot order, or null (CPU)
 };
 
 // The lists of one fused Adam/AdamW launch, in this order. The step counters (float32,

@@ -6,6 +6,7 @@
 // state, and routing one launch to its device's table (fused_backend.h).
 
 #include <ATen/ATen.h>
+#include <lucid/optim/fused_optimizer.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
@@ -42,6 +43,17 @@ void launch_adam(const Bucket& bucket, const std::vector<std::vector<at::Tensor>
                  const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
 void launch_sgd(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                 const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
+
+// The device copies of the schedulable hyper-parameters (NOTE: [Hyper-parameters on the
+// device]) for a bucket on a CUDA device, brought up to these values; null for the CPU,
+// whose kernels read the host values of their launch.
+inline const double* live_values(LiveHyperParameters& live, const Bucket& bucket, double lr,
+                                 double weight_decay, double momentum) {
+  if (!bucket.device.is_cuda()) {
+    return nullptr;
+  }
+  return live.on(bucket.device, lr, weight_decay, momentum).data_ptr<double>();
+}
 
 // A float32 0-dim step counter on `device`.
 at::Tensor new_step_counter(const at::Device& device);

@@ -40,6 +40,24 @@ void FusedSGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
 }
 
+FusedSGDOptions& FusedSGDOptions::lr(double value) {
+  lr_ = value;
+  live_.write(detail::LiveSlot::kLr, value);
+  return *this;
+}
+
+FusedSGDOptions& FusedSGDOptions::momentum(double value) {
+  momentum_ = value;
+  live_.write(detail::LiveSlot::kMomentum, value);
+  return *this;
+}
+
+FusedSGDOptions& FusedSGDOptions::weight_decay(double value) {
+  weight_decay_ = value;
+  live_.write(detail::LiveSlot::kWeightDecay, value);
+  return *this;
+}
+
 double FusedSGDOptions::get_lr() const { return lr(); }
 
 void FusedSGDOptions::set_lr(const double lr) { this->lr(lr); }
@@ -70,8 +88,9 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
   detail::for_each_bucket<FusedSGDOptions>(
       param_groups_, "FusedSGD", check_options,
       [&](const FusedSGDOptions& o, const detail::Bucket& bucket) {
-        const detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
-                                     o.nesterov()};
+        detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
+                               o.nesterov()};
+        hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), o.momentum());
         const bool momentum = o.momentum() != 0;
         std::vector<at::Tensor> buffers, steps;
         for (const at::Tensor& p : bucket.originals) {

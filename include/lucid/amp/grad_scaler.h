@@ -118,6 +118,8 @@ class GradScaler {
   OptimizerStage stage(const void* key) const;
   /// step_skipped for the optimizer with view key `key`.
   bool step_skipped(const void* key) const;
+  /// found_inf for the optimizer with view key `key`.
+  torch::Tensor found_inf(const void* key) const;
   /// overflowed for the optimizer `view` describes.
   bool overflowed(const OptimizerView& view);
 
@@ -140,10 +142,19 @@ class GradScaler {
   // ---- Diagnostics (include/lucid/amp/diagnostics.h, src/amp/scaler_diagnostics.cpp) ----
   /// Counters of steps and scale changes. May read overflow flags the host has not seen
   /// yet (only those of optimizers that were unscale_'d but not stepped); logically const.
+  /// In graph_safe mode the steps and updates are counted on the device, replays of a
+  /// captured CUDA graph included, and read here (one read).
   ScalerCounters counters() const;
   /// Whether the last step() of `optimizer` skipped optimizer.step() (false if it never
-  /// stepped). Survives update(): an LR scheduler asks after the iteration.
+  /// stepped). Survives update(): an LR scheduler asks after the iteration. In graph_safe
+  /// mode it reads the flag of the last step (or replay) from the device.
   bool step_skipped(const torch::optim::Optimizer& optimizer) const;
+  /// The overflow flag of `optimizer` in this iteration (float32, 0-dim, on the scale's
+  /// device; non-zero: its step is or was skipped), not read back: for device-side logic
+  /// that must follow skipped steps, such as a schedule inside a captured CUDA graph.
+  /// Valid after unscale_, clip_grad_norm_ or step of `optimizer` and until update();
+  /// throws c10::Error otherwise.
+  torch::Tensor found_inf(const torch::optim::Optimizer& optimizer) const;
   /// Whether `optimizer`'s gradients held inf/NaN in this iteration (false before
   /// unscale_/step). Reads its flag once (4 bytes) if step() has not.
   bool overflowed(const torch::optim::Optimizer& optimizer);

@@ -20,16 +20,23 @@ namespace optim {
 struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions> {
   /// Learning rate `lr`, every other option at torch::optim::AdamOptions' default.
   FusedAdamOptions(double lr = 1e-3);
-  /// Learning rate (>= 0).
-  TORCH_ARG(double, lr) = 1e-3;
+ public:
+  /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
+  FusedAdamOptions& lr(double value);
+  /// The learning rate.
+  double lr() const noexcept { return lr_; }
   /// The type of `betas`: (beta1, beta2).
   typedef std::tuple<double, double> betas_t;
   /// Coefficients of the running averages (each in [0, 1)).
   TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
   /// Added to the denominator (>= 0).
   TORCH_ARG(double, eps) = 1e-8;
-  /// L2 penalty for FusedAdam, decoupled decay for FusedAdamW (>= 0).
-  TORCH_ARG(double, weight_decay) = 0;
+ public:
+  /// Sets the weight decay: L2 penalty for FusedAdam, decoupled decay for FusedAdamW
+  /// (>= 0), its device copies included.
+  FusedAdamOptions& weight_decay(double value);
+  /// The weight decay.
+  double weight_decay() const noexcept { return weight_decay_; }
   /// Use the maximum of past squared-gradient averages (AMSGrad).
   TORCH_ARG(bool, amsgrad) = false;
 
@@ -42,8 +49,15 @@ struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAd
   void serialize(torch::serialize::OutputArchive& archive) const override;
   /// The learning rate (what LR schedulers read).
   double get_lr() const override;
-  /// Sets the learning rate (what LR schedulers call).
+  /// Sets the learning rate (what LR schedulers call), its device copies included.
   void set_lr(const double lr) override;
+  /// The device copies of the values schedules change, read by the CUDA kernels.
+  LiveHyperParameters& live() const noexcept { return live_; }
+
+ private:
+  double lr_ = 1e-3;
+  double weight_decay_ = 0;
+  mutable LiveHyperParameters live_;
 };
 
 /// FusedAdamW's options: FusedAdamOptions with torch::optim::AdamWOptions' default decay.

@@ -7,8 +7,46 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <memory>
+
 namespace lucid {
 namespace optim {
+
+namespace detail {
+class DeviceHyperCopies;
+}  // namespace detail
+
+/// The hyper-parameters of one parameter group that schedules change (learning rate,
+/// weight decay, momentum), copied onto each CUDA device the group steps on, where the
+/// fused kernels read them. So a step captured in a CUDA graph uses the values of each
+/// replay, not those of the capture: setting one through its options' setter (or set_lr,
+/// which torch::optim's LR schedulers call) writes the device copies at once, on the
+/// current stream, ordered after the work already queued and without a host wait. Every
+/// eager step also rewrites a copy that differs from the options. A copy of the options
+/// starts without device copies, so groups never share them.
+class LiveHyperParameters {
+ public:
+  /// No device copies yet.
+  LiveHyperParameters();
+  /// Destroys the device copies.
+  ~LiveHyperParameters();
+  /// Starts without device copies (each group's options get their own).
+  LiveHyperParameters(const LiveHyperParameters& other);
+  /// Keeps this object's device copies.
+  LiveHyperParameters& operator=(const LiveHyperParameters& other);
+
+  /// Writes `value` into slot `slot` (0: learning rate, 1: weight decay, 2: momentum) of
+  /// every device copy, on each device's current stream.
+  void write(int slot, double value);
+  /// The float64 copy on `device` (CUDA) of `lr`, `weight_decay` and `momentum`, in slot
+  /// order: made on first use (which must not be inside a CUDA graph capture: run one step
+  /// before capturing) and rewritten where it differs from these values.
+  const torch::Tensor& on(const c10::Device& device, double lr, double weight_decay,
+                          double momentum);
+
+ private:
+  std::unique_ptr<detail::DeviceHyperCopies> copies_;
+};
 
 /// Implemented by optimizers that unscale the gradients and skip the update on the
 /// device inside their own step(), so that a GradScaler needs no separate unscale pass

@@ -20,14 +20,25 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   /// Learning rate `lr` (required, as in torch::optim::SGDOptions), no momentum,
   /// dampening or weight decay.
   FusedSGDOptions(double lr);
-  /// Learning rate (>= 0).
-  TORCH_ARG(double, lr);
-  /// Momentum factor (>= 0).
-  TORCH_ARG(double, momentum) = 0;
+ public:
+  /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
+  FusedSGDOptions& lr(double value);
+  /// The learning rate.
+  double lr() const noexcept { return lr_; }
+ public:
+  /// Sets the momentum factor (>= 0), its device copies included. Between replays of a
+  /// captured step it may change, but not to or from 0 (the graph has momentum buffers
+  /// or has none).
+  FusedSGDOptions& momentum(double value);
+  /// The momentum factor.
+  double momentum() const noexcept { return momentum_; }
   /// Dampening of the momentum.
   TORCH_ARG(double, dampening) = 0;
-  /// L2 penalty (>= 0).
-  TORCH_ARG(double, weight_decay) = 0;
+ public:
+  /// Sets the L2 penalty (>= 0), its device copies included.
+  FusedSGDOptions& weight_decay(double value);
+  /// The L2 penalty.
+  double weight_decay() const noexcept { return weight_decay_; }
   /// Nesterov momentum (needs momentum > 0 and dampening 0).
   TORCH_ARG(bool, nesterov) = false;
 
@@ -40,8 +51,16 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   void serialize(torch::serialize::OutputArchive& archive) const override;
   /// The learning rate (what LR schedulers read).
   double get_lr() const override;
-  /// Sets the learning rate (what LR schedulers call).
+  /// Sets the learning rate (what LR schedulers call), its device copies included.
   void set_lr(const double lr) override;
+  /// The device copies of the values schedules change, read by the CUDA kernels.
+  LiveHyperParameters& live() const noexcept { return live_; }
+
+ private:
+  double lr_;
+  double momentum_ = 0;
+  double weight_decay_ = 0;
+  mutable LiveHyperParameters live_;
 };
 
 /// Per-parameter state: the step counter (float32 0-dim, on the parameter's device;

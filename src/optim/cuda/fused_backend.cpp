@@ -56,10 +56,16 @@ void table_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const SgdHype
   });
 }
 
+bool capturing(const at::Device& device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(device.index()), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace
 
 const detail::FusedOptimBackend& fused_backend() {
-  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_};
+  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_, capturing};
   return table;
 }
 

@@ -26,25 +26,28 @@ struct AdamOp {
   using O = typename Element<S>::opmath;
   AdamHyper h;
   O inv;
-  O step_size, sqrt_bc2, decay;
+  O step_size, sqrt_bc2, decay, weight_decay;
   __device__ static constexpr bool writes(int d) { return d != AdamList::kGrad; }
   __device__ void begin_tensor(const Table& table, int t) {
     // The step being taken: the counter is incremented by a later launch.
     const double step = static_cast<double>(*static_cast<const float*>(table.pointer(kStepsList, t))) + 1.0;
     const double bc1 = 1.0 - pow(h.beta1, step);
     const double bc2 = 1.0 - pow(h.beta2, step);
-    step_size = static_cast<O>(h.lr / bc1);
+    const double lr = h.live ? h.live[LiveSlot::kLr] : h.lr;
+    const double wd = h.live ? h.live[LiveSlot::kWeightDecay] : h.weight_decay;
+    step_size = static_cast<O>(lr / bc1);
     sqrt_bc2 = static_cast<O>(sqrt(bc2));
-    decay = static_cast<O>(1.0 - h.lr * h.weight_decay);
+    decay = static_cast<O>(1.0 - lr * wd);
+    weight_decay = static_cast<O>(wd);
   }
   __device__ void element(S (&e)[D]) {
     O p = e[AdamList::kParam], g = e[AdamList::kGrad] * inv, m = e[AdamList::kExpAvg],
       v = e[AdamList::kExpAvgSq];
-    if (h.weight_decay != 0) {
+    if (weight_decay != 0) {
       if (h.decoupled_weight_decay) {
         p = p * decay;
       } else {
-        g = g + static_cast<O>(h.weight_decay) * p;
+        g = g + weight_decay * p;
       }
     }
     m = m * static_cast<O>(h.beta1) + static_cast<O>(1 - h.beta1) * g;
@@ -73,22 +76,26 @@ struct SgdOp {
   using O = typename Element<S>::opmath;
   SgdHyper h;
   O inv;
+  O lr, weight_decay, momentum;
   bool first = false;
   __device__ static constexpr bool writes(int d) { return d != SgdList::kGrad; }
   __device__ void begin_tensor(const Table& table, int t) {
     first = *static_cast<const float*>(table.pointer(kStepsList, t)) == 0.0f;
+    lr = static_cast<O>(h.live ? h.live[LiveSlot::kLr] : h.lr);
+    weight_decay = static_cast<O>(h.live ? h.live[LiveSlot::kWeightDecay] : h.weight_decay);
+    momentum = static_cast<O>(h.live ? h.live[LiveSlot::kMomentum] : h.momentum);
   }
   __device__ void element(S (&e)[D]) {
     O p = e[SgdList::kParam], d = e[SgdList::kGrad] * inv;
-    if (h.weight_decay != 0) d = d + static_cast<O>(h.weight_decay) * p;
+    if (weight_decay != 0) d = d + weight_decay * p;
     if (kMomentum) {
       // Only touched when kMomentum, where D > kMomentumBuffer (clamped as in AdamOp).
       constexpr int kBuf = kMomentum ? SgdList::kMomentumBuffer : 0;
-      O buf = first ? d : e[kBuf] * static_cast<O>(h.momentum) + static_cast<O>(1 - h.dampening) * d;
+      O buf = first ? d : e[kBuf] * momentum + static_cast<O>(1 - h.dampening) * d;
       e[kBuf] = buf;
-      d = h.nesterov ? d + static_cast<O>(h.momentum) * buf : buf;
+      d = h.nesterov ? d + momentum * buf : buf;
     }
-    e[SgdList::kParam] = p - static_cast<O>(h.lr) * d;
+    e[SgdList::kParam] = p - lr * d;
   }
 };
 

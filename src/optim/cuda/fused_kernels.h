@@ -20,6 +20,7 @@ using cuda_common::ElementType;
 using cuda_common::TensorTable;
 using detail::AdamHyper;
 using detail::AdamList;
+using detail::LiveSlot;
 using detail::SgdHyper;
 using detail::SgdList;
 
