@@ -8,9 +8,10 @@
 // - the options' setters (and set_lr, which LR schedulers call) write it with a fill on
 //   the current stream: after every replay already queued, before any queued later, as
 //   an eager step would see it; no host synchronisation;
-// - each eager or captured step compares the host values with what it last wrote and
-//   writes the ones that differ (an option changed through a path that bypasses the
-//   setters).
+// - each eager step compares the host values with what it last wrote and writes the
+//   ones that differ (an option changed through a path that bypasses the setters). A
+//   step being captured writes nothing: a fill in the graph would undo, on every replay,
+//   whatever the setters wrote before it.
 // The tensor is made by an eager step: made inside a capture, its initial fill would
 // become part of the graph and reset it on every replay.
 
@@ -37,10 +38,11 @@ class DeviceHyperCopies {
   }
 
   const at::Tensor& on(const c10::Device& device, const std::array<double, LiveSlot::kCount>& values) {
+    const FusedOptimBackend* table = find_fused_backend(device.type());
+    const bool capturing = table != nullptr && table->capturing_(device);
     Copy* copy = find(device);
     if (copy == nullptr) {
-      const FusedOptimBackend* table = find_fused_backend(device.type());
-      TORCH_CHECK(table == nullptr || !table->capturing_(device),
+      TORCH_CHECK(!capturing,
                   "A fused optimizer's first step on ", device,
                   " is being captured in a CUDA graph: its hyper-parameters would be reset to "
                   "their capture-time values on every replay. Run at least one step before "
@@ -51,6 +53,9 @@ class DeviceHyperCopies {
       for (int slot = 0; slot < LiveSlot::kCount; ++slot) {
         write_slot(*copy, slot, values[slot]);
       }
+    }
+    if (capturing) {
+      return copy->values;  // a fill here would replay: the setters keep the copy current
     }
     for (int slot = 0; slot < LiveSlot::kCount; ++slot) {
       if (copy->written[slot] != values[slot]) {
