@@ -19,6 +19,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -152,25 +153,81 @@ bool run_spans(const std::vector<at::Tensor>& grads, double inv_scale) {
 namespace {
 
 // One span's finiteness and norm partial: sum of squares, or largest absolute value with
-// NaN kept (a NaN anywhere makes the norm NaN, as PyTorch's). Plain loops: the norm is
-// the slow path next to the unscale pass.
+// NaN kept (a NaN anywhere makes the norm NaN, as PyTorch's).
 struct NormPartial {
   bool bad = false;
   float value = 0.0f;
 };
 
+// Independent accumulators per span, in vector registers (GCC/Clang vector extensions, so
+// that the loop is vectorised whatever the compiler's heuristics; AVX2 where present, as
+// the unscale loops): element i goes to lane i % 16, so the loop carries no dependency
+// from one element to the next and nothing is reassociated; the lanes are then combined
+// in lane order, so the result is the same bits on any thread count.
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef int32_t Ints8 __attribute__((vector_size(32)));
+constexpr int64_t kNormLanes = 8;
+
+// The exact norm partial of a span that holds a non-finite value (a NaN wins).
 template <typename Load>
-NormPartial norm_span(int64_t n, bool inf_norm, Load load) {
-  NormPartial out;
+float norm_with_non_finite(int64_t n, bool inf_norm, Load load) {
+  float value = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float x = load(i);
-    out.bad |= !std::isfinite(x);
     if (inf_norm) {
       const float a = std::fabs(x);
-      out.value = (std::isnan(a) || a > out.value) && !std::isnan(out.value) ? a : out.value;
+      value = (std::isnan(a) || a > value) && !std::isnan(value) ? a : value;
     } else {
-      out.value += x * x;
+      value += x * x;
     }
+  }
+  return value;
+}
+
+template <typename Load>
+LUCID_CPU_CLONES NormPartial norm_span(int64_t n, bool inf_norm, Load load) {
+  Floats8 low{}, high{};
+  // x - x is 0 for a finite x and NaN otherwise: the sum of them is NaN exactly when the
+  // span holds a non-finite value.
+  Floats8 poison{};
+  const int64_t whole = n - n % (2 * kNormLanes);
+  for (int64_t i = 0; i < whole; i += 2 * kNormLanes) {
+    Floats8 x, y;
+    for (int64_t j = 0; j < kNormLanes; ++j) {
+      x[j] = load(i + j);
+      y[j] = load(i + kNormLanes + j);
+    }
+    poison += (x - x) + (y - y);
+    if (inf_norm) {
+      // |x| and the larger of two non-negative finite values, on the bits: for them the
+      // integer order is the float order (spans with a non-finite value are redone below).
+      const Ints8 ax = (Ints8)x & 0x7fffffff, ay = (Ints8)y & 0x7fffffff;
+      const Ints8 lo = (Ints8)low, hi = (Ints8)high;
+      const Ints8 x_larger = ax > lo, y_larger = ay > hi;
+      low = (Floats8)((ax & x_larger) | (lo & ~x_larger));
+      high = (Floats8)((ay & y_larger) | (hi & ~y_larger));
+    } else {
+      low += x * x;
+      high += y * y;
+    }
+  }
+  float tail = 0.0f;
+  float tail_poison = 0.0f;
+  for (int64_t i = whole; i < n; ++i) {
+    const float x = load(i);
+    tail_poison += x - x;
+    tail = inf_norm ? std::max(tail, std::fabs(x)) : tail + x * x;
+  }
+  NormPartial out;
+  float poisoned = tail_poison;
+  for (int64_t j = 0; j < kNormLanes; ++j) {
+    poisoned += poison[j];
+    out.value = inf_norm ? std::max({out.value, low[j], high[j]}) : out.value + (low[j] + high[j]);
+  }
+  out.value = inf_norm ? std::max(out.value, tail) : out.value + tail;
+  out.bad = std::isnan(poisoned);
+  if (out.bad) {
+    out.value = norm_with_non_finite(n, inf_norm, load);  // the rare path, exactly
   }
   return out;
 }
