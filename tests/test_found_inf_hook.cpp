@@ -1,8 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // GradScaler::set_found_inf_hook: the extension point a distributed binding uses to make
-// every rank take the same step decision.
+// every rank take the same step decision, and its norm hook, through which clip_grad_norm_
+// lets ranks that each hold a shard of the gradients clip by the norm of all of them.
 
 #include "support/scaler_fixtures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -55,6 +62,153 @@ TEST(FoundInfHook, RemovedWithNullptr) {
   scaler.scale(torch::ones({}));
   p.param.mutable_grad() = torch::ones({4});
   scaler.step(p.optimizer);
+  EXPECT_EQ(calls, 0);
+}
+
+// ---- The norm hook (clip_grad_norm_) -------------------------------------------------
+
+// The partial of `grads` for `norm_type`, as a rank holding them would contribute it.
+float partial_of(const std::vector<torch::Tensor>& grads, double norm_type) {
+  if (std::isinf(norm_type)) {
+    float largest = 0.0f;
+    for (const auto& g : grads) {
+      largest = std::max(largest, g.abs().max().item<float>());
+    }
+    return largest;
+  }
+  double sum = 0.0;
+  for (const auto& g : grads) {
+    sum += g.abs().pow(norm_type).sum().item<double>();
+  }
+  return static_cast<float>(sum);
+}
+
+TEST(FoundInfNormHook, ClipCallsItInsteadOfTheFlagHookWithTheExactPartial) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  int flag_calls = 0;
+  std::vector<std::pair<float, double>> seen;  // (partial, norm_type)
+  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; },
+                            [&](torch::Tensor& f, torch::Tensor& partial, double norm_type) {
+                              EXPECT_EQ(f.item<float>(), 0.0f);
+                              EXPECT_EQ(partial.dim(), 0);
+                              EXPECT_EQ(partial.scalar_type(), torch::kFloat);
+                              seen.emplace_back(partial.item<float>(), norm_type);
+                            });
+  OneParam clipped(torch::zeros({2})), plain;
+  scaler.scale(torch::ones({}));
+  clipped.set_grad(torch::tensor({24.0f, 32.0f}));  // unscaled: {3, 4}
+  plain.clean_grad();
+  const torch::Tensor norm = scaler.clip_grad_norm_(clipped.optimizer, 100.0);
+  EXPECT_EQ(norm.item<float>(), 5.0f);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].first, 25.0f);  // the sum of squares, not a norm squared again
+  EXPECT_EQ(seen[0].second, 2.0);
+  EXPECT_EQ(flag_calls, 0);
+  EXPECT_TRUE(scaler.step(clipped.optimizer).has_value());  // unscaled already: no hook
+  EXPECT_TRUE(scaler.step(plain.optimizer).has_value());    // unscale_ and step: the flag hook
+  EXPECT_EQ(flag_calls, 1);
+  EXPECT_EQ(seen.size(), 1u);
+}
+
+TEST(FoundInfNormHook, WithoutOneClipCallsTheFlagHookAndKeepsItsOwnNorm) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  int flag_calls = 0;
+  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; });
+  OneParam p(torch::zeros({2}));
+  scaler.scale(torch::ones({}));
+  p.set_grad(torch::tensor({24.0f, 32.0f}));
+  EXPECT_EQ(scaler.clip_grad_norm_(p.optimizer, 100.0).item<float>(), 5.0f);
+  EXPECT_EQ(flag_calls, 1);
+}
+
+class FoundInfNormHookNorms : public ::testing::TestWithParam<double> {};
+
+// One "rank" holds a's gradient, the hook brings in b's partial: the clip equals one
+// scaler clipping a and b together.
+TEST_P(FoundInfNormHookNorms, ACombinedPartialClipsLikeTheNormOfAllGradients) {
+  const double norm_type = GetParam();
+  torch::manual_seed(3);
+  const torch::Tensor grad_a = torch::randn({5}) * 64.0, grad_b = torch::randn({7}) * 64.0;
+  const double scale = 64.0, max_norm = 0.5;
+
+  GradScaler whole(GradScalerOptions().init_scale(scale));
+  torch::Tensor a1 = torch::zeros({5}, torch::requires_grad()),
+                b1 = torch::zeros({7}, torch::requires_grad());
+  torch::optim::SGD both({a1, b1}, torch::optim::SGDOptions(1.0));
+  whole.scale(torch::ones({}));
+  a1.mutable_grad() = grad_a.clone();
+  b1.mutable_grad() = grad_b.clone();
+  const torch::Tensor expected = whole.clip_grad_norm_(both, max_norm, norm_type);
+
+  GradScaler shard(GradScalerOptions().init_scale(scale));
+  const float other = partial_of({grad_b / scale}, norm_type);
+  shard.set_found_inf_hook([](torch::Tensor&) {},
+                           [&](torch::Tensor&, torch::Tensor& partial, double p) {
+                             partial.copy_(std::isinf(p)
+                                               ? torch::maximum(partial, torch::tensor(other))
+                                               : partial + other);
+                           });
+  OneParam a2(torch::zeros({5}), 1.0);
+  shard.scale(torch::ones({}));
+  a2.set_grad(grad_a);
+  const torch::Tensor norm = shard.clip_grad_norm_(a2.optimizer, max_norm, norm_type);
+  EXPECT_NEAR(norm.item<float>(), expected.item<float>(), 1e-5 * expected.item<float>());
+  EXPECT_TRUE(torch::allclose(a2.param.grad(), a1.grad(), 1e-5, 1e-7));
+  EXPECT_LT(a2.param.grad().abs().max().item<float>(), grad_a.abs().max().item<float>() / scale)
+      << "clipped";
+}
+
+INSTANTIATE_TEST_SUITE_P(NormTypes, FoundInfNormHookNorms,
+                         ::testing::Values(1.0, 2.0, 3.0, lucid_test::kInf), [](const auto& info) {
+                           return std::isinf(info.param)
+                                      ? std::string("inf")
+                                      : "p" + std::to_string(static_cast<int>(info.param));
+                         });
+
+// Another "rank" overflowed: its partial is inf or NaN, the flag here clean.
+TEST(FoundInfNormHook, ANonFiniteCombinedPartialSkipsAndIsReturned) {
+  for (const float other : {kFInf, kFNaN}) {
+    GradScaler scaler(GradScalerOptions().init_scale(8.0));
+    scaler.set_found_inf_hook([](torch::Tensor&) {}, [&](torch::Tensor&, torch::Tensor& partial,
+                                                         double) { partial.fill_(other); });
+    OneParam p;
+    scaler.scale(torch::ones({}));
+    p.clean_grad();
+    const auto before = p.param.detach().clone();
+    const float norm = scaler.clip_grad_norm_(p.optimizer, 1.0).item<float>();
+    EXPECT_TRUE(std::isinf(other) ? std::isinf(norm) : std::isnan(norm)) << norm;
+    EXPECT_TRUE(scaler.overflowed(p.optimizer));
+    EXPECT_FALSE(scaler.step(p.optimizer).has_value());
+    EXPECT_TRUE(torch::equal(p.param.detach(), before));
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 4.0);
+  }
+}
+
+TEST(FoundInfNormHook, ANormHookWithoutAFlagHookIsRefusedAndChangesNothing) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  int flag_calls = 0;
+  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; });
+  EXPECT_TRUE(ThrowsValueError("a norm hook needs a found-inf hook", [&] {
+    scaler.set_found_inf_hook(nullptr, [](torch::Tensor&, torch::Tensor&, double) {});
+  }));
+  OneParam p;
+  scaler.scale(torch::ones({}));
+  p.clean_grad();
+  scaler.step(p.optimizer);
+  EXPECT_EQ(flag_calls, 1);  // the hook set before is still there
+}
+
+TEST(FoundInfNormHook, RemovedWithTheFlagHookByNullptr) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  int calls = 0;
+  scaler.set_found_inf_hook([&](torch::Tensor&) { ++calls; },
+                            [&](torch::Tensor&, torch::Tensor&, double) { ++calls; });
+  scaler.set_found_inf_hook(nullptr);
+  OneParam p(torch::zeros({2}));
+  scaler.scale(torch::ones({}));
+  p.set_grad(torch::tensor({24.0f, 32.0f}));
+  EXPECT_EQ(scaler.clip_grad_norm_(p.optimizer, 100.0).item<float>(), 5.0f);
   EXPECT_EQ(calls, 0);
 }
 

@@ -158,7 +158,59 @@ at::Tensor norm_of_norms(const std::vector<at::Tensor>& grads, const at::Tensor&
   return at::norm(at::stack(norms), norm_type);
 }
 
+// The partial of a finite p-norm other than 2: the sum over the gradients of
+// sum(|g/scale|^p), each in its opmath type, added up in float32 on `found_inf`'s device.
+at::Tensor sum_of_powers(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                         const at::Tensor& found_inf, double norm_type) {
+  std::vector<at::Tensor> sums;
+  for (const auto& grad : grads) {
+    const at::Tensor values = grad.is_sparse() ? grad._values() : grad;
+    const at::ScalarType opmath = values.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor work = values.to(opmath).abs();
+    if (scale.defined()) {
+      work = work * scale.to(values.device(), opmath).reciprocal();
+    }
+    sums.push_back(work.pow(norm_type).sum().to(found_inf.device(), at::kFloat));
+  }
+  return at::stack(sums).sum();
+}
+
+// Squares of finite values can overflow float32: a non-finite norm or partial is an
+// overflow too.
+void raise_if_not_finite(at::Tensor& found_inf, const at::Tensor& value) {
+  found_inf.copy_(at::maximum(found_inf, value.isfinite().logical_not().to(at::kFloat)));
+}
+
 }  // namespace
+
+at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
+                                         const at::Tensor& scale, at::Tensor& found_inf,
+                                         double norm_type) {
+  if (grads.empty()) {
+    return at::zeros({}, found_inf.options());
+  }
+  at::Tensor partial;
+  if (norm_type == 2.0) {
+    partial = combined_partial(grads, scale, found_inf, NormKind::kTwo);
+  } else if (std::isinf(norm_type)) {
+    partial = combined_partial(grads, scale, found_inf, NormKind::kInf);
+  } else {
+    run_groups<false>(grads, scale, found_inf);
+    partial = sum_of_powers(grads, scale, found_inf, norm_type);
+  }
+  raise_if_not_finite(found_inf, partial);
+  return partial;
+}
+
+at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type) {
+  if (norm_type == 2.0) {
+    return partial.sqrt();
+  }
+  if (std::isinf(norm_type)) {
+    return partial;
+  }
+  return partial.pow(1.0 / norm_type);
+}
 
 at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, double norm_type) {
@@ -174,8 +226,7 @@ at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at:
     run_groups<false>(grads, scale, found_inf);
     norm = norm_of_norms(grads, scale, found_inf, norm_type);
   }
-  // Squares of finite values can overflow float32: a non-finite norm is an overflow too.
-  found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
+  raise_if_not_finite(found_inf, norm);
   return norm;
 }
 

@@ -46,6 +46,22 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, double norm_type);
 
+// The check of check_grads_and_norm_, returning the norm's partial instead of the norm,
+// float32, 0-dim, on `found_inf`'s device: the sum of |g/scale|^p for a finite norm_type
+// p (the fused pass's sum of squares for 2; ATen operations for other p, each gradient's
+// sum in its opmath type), the largest |g/scale| for inf; norm_of_partial gives the
+// norm. Partials of disjoint sets of gradients combine by a sum (finite p) or a maximum
+// (inf), which is what lets ranks that each hold a shard of the gradients agree on the
+// norm of all of them. A non-finite partial raises `found_inf`.
+at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
+                                         const at::Tensor& scale, at::Tensor& found_inf,
+                                         double norm_type);
+
+// The norm of a partial of check_grads_and_norm_partial_: partial^(1/p), the square root
+// for 2, the partial itself for inf. For 2 and inf the same bits check_grads_and_norm_
+// returns.
+at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
+
 // One step of the sawtooth, on the scale's device, with no host synchronisation.
 // Args:
 //   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0 (never below

@@ -73,6 +73,22 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
   return grads;
 }
 
+// The norm over every gradient a norm hook combines: this optimizer's partial (its
+// gradients checked in the same read pass), combined with the flag by the hook, then its
+// norm. A non-finite combined norm is an overflow wherever it is taken, so every party
+// to the combination skips alike.
+at::Tensor combined_norm(const FoundInfNormHook& hook, const std::vector<at::Tensor>& grads,
+                         const at::Tensor& scale, at::Tensor& found_inf, double norm_type) {
+  at::Tensor partial = check_grads_and_norm_partial_(grads, scale, found_inf, norm_type);
+  hook(found_inf, partial, norm_type);
+  TORCH_CHECK(partial.defined() && partial.scalar_type() == at::kFloat && partial.numel() == 1,
+              "GradScaler::clip_grad_norm_: the found-inf norm hook must leave the norm's "
+              "partial a 1-element float32 tensor.");
+  at::Tensor norm = norm_of_partial(partial.reshape({}), norm_type);
+  found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
+  return norm;
+}
+
 GradScalerOptions validated(const GradScalerOptions& options) {
   validate_options(options);
   return options;
@@ -81,6 +97,15 @@ GradScalerOptions validated(const GradScalerOptions& options) {
 }  // namespace
 
 ScalerCore::ScalerCore(const GradScalerOptions& options) : schedule_(validated(options)) {}
+
+void ScalerCore::set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook) {
+  TORCH_CHECK_VALUE(hook || !norm_hook,
+                    "GradScaler::set_found_inf_hook: a norm hook needs a found-inf hook too: "
+                    "without one, the flags of unscale_() and step() would not be combined as "
+                    "clip_grad_norm_()'s are. Nothing was changed.");
+  found_inf_hook_ = std::move(hook);
+  found_inf_norm_hook_ = std::move(norm_hook);
+}
 
 at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   if (!enabled()) {
@@ -161,8 +186,12 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // accumulates their norm; the clip coefficient (PyTorch's: max_norm / (norm + 1e-6),
   // at most 1) then folds into the scale the gradients are divided by. A scaler-aware
   // optimizer gets that divisor and reads the gradients once more inside its own step;
-  // any other optimizer gets one write pass of grad * (coefficient / scale).
-  at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
+  // any other optimizer gets one write pass of grad * (coefficient / scale). With a norm
+  // hook the pass yields the norm's partial, which the hook combines (with the flag, e.g.
+  // in one all-reduce across the ranks of a sharded run) before the norm is taken.
+  at::Tensor norm = found_inf_norm_hook_
+                        ? combined_norm(found_inf_norm_hook_, grads, scale, found_inf, norm_type)
+                        : check_grads_and_norm_(grads, scale, found_inf, norm_type);
   const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
   const at::Tensor divisor = scale / coefficient;
   if (view.set_grad_scaling) {
@@ -171,7 +200,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
     // Raises the flag only where it is raised already (a non-finite norm).
     unscale_grads_(grads, divisor, found_inf);
   }
-  if (found_inf_hook_) {
+  if (found_inf_hook_ && !found_inf_norm_hook_) {
     found_inf_hook_(found_inf);
   }
   record.found_inf = found_inf;

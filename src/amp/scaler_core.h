@@ -47,7 +47,8 @@ class ScalerCore {
   const GradScalerOptions& options() const { return schedule_.options(); }
   const at::Tensor& scale_tensor() const { return schedule_.scale(); }
   OptimizerStage stage(const void* key) const;
-  void set_found_inf_hook(FoundInfHook hook) { found_inf_hook_ = std::move(hook); }
+  // Replaces both hooks; a norm hook needs a found-inf hook (c10::ValueError).
+  void set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook = nullptr);
 
   // Diagnostics.
   ScalerCounters counters();
@@ -83,6 +84,7 @@ class ScalerCore {
   OptimizerRecords records_;
   ScalerDiagnostics diagnostics_;
   FoundInfHook found_inf_hook_;
+  FoundInfNormHook found_inf_norm_hook_;  // clip_grad_norm_'s, in place of found_inf_hook_
 };
 
 }  // namespace detail

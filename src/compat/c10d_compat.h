@@ -43,6 +43,13 @@ inline c10d::AllreduceOptions max_allreduce_options() {
   return opts;
 }
 
+/// AllreduceOptions for an element-wise SUM.
+inline c10d::AllreduceOptions sum_allreduce_options() {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return opts;
+}
+
 /// Which c10d backend a group wraps; mirrors ProcessGroup::BackendType of 2.x.
 enum class C10dBackend { kGloo, kNccl };
 

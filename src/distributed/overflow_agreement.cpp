@@ -22,7 +22,9 @@
 //
 // Cost and placement: one all-reduce per optimizer per iteration (one per step with a
 // single optimizer), on the flag's device: Gloo on the CPU, NCCL on CUDA. The flag is not
-// read back here; GradScaler::step reads it once, as it always does.
+// read back here; GradScaler::step reads it once, as it always does. In sharded mode
+// clip_grad_norm_'s all-reduce carries the norm's partial beside the flag (NOTE: [Sharded
+// norm agreement] below): still one per optimizer per iteration.
 //
 // What every rank must do alike: call scale() every iteration before unscale_/step (the
 // flag exists once the scale does; a rank that owns no gradients of an optimizer still
@@ -49,7 +51,9 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <cmath>
 #include <exception>
+#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -78,6 +82,52 @@ void wait_until_completed(c10d::Work& work, std::chrono::steady_clock::time_poin
   work.wait(timeout);
 }
 
+// A 1-element float32 contiguous tensor, or a c10::Error naming `what` ("overflow flag").
+void check_one_float(const at::Tensor& tensor, const char* what) {
+  TORCH_CHECK(tensor.defined(), "OverflowAgreement::agree_ got an undefined ", what, ".");
+  TORCH_CHECK(tensor.scalar_type() == at::kFloat && tensor.numel() == 1,
+              "OverflowAgreement::agree_ expects a 1-element float32 ", what, ", got a ",
+              tensor.scalar_type(), " tensor of ", tensor.numel(), " elements.");
+  TORCH_CHECK(tensor.is_contiguous(), "OverflowAgreement::agree_ expects a contiguous ", what, ".");
+}
+
+// All-reduce number `number` of `agreement`, in place, waited for as its options say; a
+// failure or a timeout throws the c10::Error that names this rank.
+void all_reduce(const OverflowAgreement& agreement, int64_t number,
+                std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& reduce,
+                bool on_cpu) {
+  const OverflowAgreementOptions& options = agreement.options();
+  const bool host_wait = !options.graph_safe() || on_cpu;
+  const auto start = std::chrono::steady_clock::now();
+  std::string cause;
+  try {
+    c10::intrusive_ptr<c10d::Work> work = agreement.group()->allreduce(tensors, reduce);
+    if (host_wait && on_cpu) {
+      work->wait(options.timeout());
+    } else if (host_wait) {
+      wait_until_completed(*work, start + options.timeout(), options.timeout());
+    } else {
+      work->wait();  // stream-ordered only; the backend's own timeout bounds it
+    }
+    return;
+  } catch (const c10::Error& e) {
+    cause = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  const bool timed_out = host_wait && waited >= options.timeout();
+  TORCH_CHECK(false, "lucid::distributed: rank ", agreement.rank(), " of ", agreement.world_size(),
+              ": overflow agreement all-reduce #", number,
+              timed_out ? " timed out after " : " failed after ", seconds(waited), " s (timeout ",
+              seconds(options.timeout()),
+              " s); a peer rank may have died or stopped calling step(). Every rank must "
+              "call scale(), unscale_() and step() for the same optimizers in the same order; "
+              "the group cannot be used further, end the run. Cause: ",
+              cause);
+}
+
 }  // namespace
 
 OverflowAgreement::OverflowAgreement(c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -94,51 +144,67 @@ int OverflowAgreement::rank() const { return group_->getRank(); }
 int OverflowAgreement::world_size() const { return group_->getSize(); }
 
 void OverflowAgreement::agree_(torch::Tensor& found_inf) {
-  TORCH_CHECK(found_inf.defined(), "OverflowAgreement::agree_ got an undefined flag.");
-  TORCH_CHECK(found_inf.scalar_type() == at::kFloat && found_inf.numel() == 1,
-              "OverflowAgreement::agree_ expects a 1-element float32 overflow flag, got a ",
-              found_inf.scalar_type(), " tensor of ", found_inf.numel(), " elements.");
-  TORCH_CHECK(found_inf.is_contiguous(), "OverflowAgreement::agree_ expects a contiguous flag.");
-  const int64_t number = ++all_reduces_;
+  check_one_float(found_inf, "overflow flag");
   // A 1-element view shares the flag's storage, so the in-place all-reduce lands in it.
   std::vector<at::Tensor> tensors{found_inf.view({1})};
-  const bool host_wait = !options_.graph_safe() || found_inf.is_cpu();
-  const auto start = std::chrono::steady_clock::now();
-  std::string cause;
-  try {
-    c10::intrusive_ptr<c10d::Work> work =
-        group_->allreduce(tensors, compat::max_allreduce_options());
-    if (host_wait && found_inf.is_cpu()) {
-      work->wait(options_.timeout());
-    } else if (host_wait) {
-      wait_until_completed(*work, start + options_.timeout(), options_.timeout());
-    } else {
-      work->wait();  // stream-ordered only; the backend's own timeout bounds it
-    }
+  all_reduce(*this, ++all_reduces_, tensors, compat::max_allreduce_options(), found_inf.is_cpu());
+}
+
+// NOTE: [Sharded norm agreement]
+// A gradient norm's partial (amp::FoundInfNormHook) travels beside the flag in one
+// all-reduce, as [flag, partial] reduced with SUM for a finite p: a sum of 0/1 flags is
+// non-zero exactly when some rank overflowed, and the partials (sums of |g|^p over
+// disjoint shards) add up to the partial of all gradients, differing from one process's
+// only in the order of the float32 additions: no root is taken before the sum, so none
+// is undone after it. An inf or NaN partial reaches every rank through the sum. For inf
+// the partials (largest |g|) combine by MAX, and so does the flag, but a backend's MAX
+// need not keep NaN (Gloo's is std::max, whose result with a NaN depends on the order),
+// so a NaN partial travels as 0 with a third element that says so, and comes back as
+// NaN on every rank.
+// The flag comes back as 0 or 1; turning a non-finite combined norm into an overflow is
+// the scaler's part, identical on every rank because the combined partial is.
+void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
+                               double norm_type) {
+  TORCH_CHECK_VALUE(norm_type > 0.0,
+                    "OverflowAgreement::agree_: norm_type must be > 0 (a finite p or inf), got ",
+                    norm_type, ".");
+  check_one_float(found_inf, "overflow flag");
+  check_one_float(norm_partial, "norm partial");
+  TORCH_CHECK(norm_partial.device() == found_inf.device(),
+              "OverflowAgreement::agree_ expects the norm partial on the flag's device (",
+              found_inf.device(), "), got it on ", norm_partial.device(), ".");
+  const at::Tensor flag = found_inf.reshape({});
+  const at::Tensor partial = norm_partial.reshape({});
+  if (std::isinf(norm_type)) {
+    const at::Tensor is_nan = partial.isnan();
+    std::vector<at::Tensor> payload{
+        at::stack({flag, partial.masked_fill(is_nan, 0.0), is_nan.to(at::kFloat)})};
+    all_reduce(*this, ++all_reduces_, payload, compat::max_allreduce_options(), found_inf.is_cpu());
+    const at::Tensor combined = payload[0];
+    found_inf.copy_(combined[0].ne(0.0));
+    norm_partial.copy_(
+        combined[1].masked_fill(combined[2].ne(0.0), std::numeric_limits<float>::quiet_NaN()));
     return;
-  } catch (const c10::Error& e) {
-    cause = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    cause = e.what();
   }
-  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
-  const bool timed_out = host_wait && waited >= options_.timeout();
-  TORCH_CHECK(false, "lucid::distributed: rank ", rank(), " of ", world_size(),
-              ": overflow agreement all-reduce #", number,
-              timed_out ? " timed out after " : " failed after ", seconds(waited),
-              " s (timeout ", seconds(options_.timeout()),
-              " s); a peer rank may have died or stopped calling step(). Every rank must "
-              "call scale(), unscale_() and step() for the same optimizers in the same order; "
-              "the group cannot be used further, end the run. Cause: ",
-              cause);
+  std::vector<at::Tensor> payload{at::stack({flag, partial})};
+  all_reduce(*this, ++all_reduces_, payload, compat::sum_allreduce_options(), found_inf.is_cpu());
+  const at::Tensor combined = payload[0];
+  found_inf.copy_(combined[0].ne(0.0));
+  norm_partial.copy_(combined[1]);
 }
 
 std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> group,
                                                  OverflowAgreementOptions options) {
   auto agreement = std::make_shared<OverflowAgreement>(std::move(group), options);
-  scaler.set_found_inf_hook([agreement](torch::Tensor& found_inf) { agreement->agree_(found_inf); });
+  amp::FoundInfHook hook = [agreement](torch::Tensor& found_inf) { agreement->agree_(found_inf); };
+  amp::FoundInfNormHook norm_hook;
+  if (options.sharded()) {
+    norm_hook = [agreement](torch::Tensor& found_inf, torch::Tensor& partial, double norm_type) {
+      agreement->agree_(found_inf, partial, norm_type);
+    };
+  }
+  scaler.set_found_inf_hook(std::move(hook), std::move(norm_hook));
   return agreement;
 }
 

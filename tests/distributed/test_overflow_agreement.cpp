@@ -20,9 +20,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <iomanip>
+#include <limits>
+#include <ostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -47,7 +52,16 @@ struct RunConfig {
   int victim = -1;
   int die_at = -1;
   int stall_at = -1;
+  bool sharded_agreement = false;  // OverflowAgreementOptions::sharded
+  lucid_test::Training training;
 };
+
+// A double as a flag value, exactly ("inf" for infinity).
+std::string flag_value(double value) {
+  std::ostringstream os;
+  os << std::setprecision(17) << value;
+  return os.str();
+}
 
 // A port nothing listens on right now (bound, read back, released).
 int free_port() {
@@ -78,6 +92,13 @@ class RanksRun {
           "--group-timeout-ms", std::to_string(config.group_timeout_ms),
           "--victim", std::to_string(config.victim), "--die-at", std::to_string(config.die_at),
           "--stall-at", std::to_string(config.stall_at)};
+      const lucid_test::Training& training = config.training;
+      const bool adamw = training.optimizer == lucid_test::OptimizerKind::kFusedAdamW;
+      a.insert(a.end(), {"--sharded-agreement", config.sharded_agreement ? "1" : "0"});
+      a.insert(a.end(), {"--clip-norm", flag_value(training.max_norm)});
+      a.insert(a.end(), {"--norm-type", flag_value(training.norm_type)});
+      a.insert(a.end(), {"--optimizer", adamw ? "adamw" : "sgd"});
+      a.insert(a.end(), {"--inject", std::isnan(training.injected) ? "nan" : "inf"});
       if (config.tcp) {
         a.insert(a.end(), {"--tcp-port", std::to_string(port)});
       } else {
@@ -101,6 +122,8 @@ class RanksRun {
     r.skipped.assign(skipped.data_ptr<int64_t>(), skipped.data_ptr<int64_t>() + skipped.numel());
     r.params = saved.at(2);
     all_reduces_ = saved.at(3).item<int64_t>();
+    const auto norms = saved.at(4).contiguous();
+    r.norms.assign(norms.data_ptr<float>(), norms.data_ptr<float>() + norms.numel());
     return r;
   }
   int64_t last_all_reduces() const { return all_reduces_; }
@@ -234,6 +257,162 @@ TEST(ShardedGloo, WithoutTheAgreementRanksDriftApart) {
   EXPECT_NE(r0.skipped, r1.skipped);
   EXPECT_FALSE(torch::allclose(
       r0.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params, 1e-5, 1e-6));
+}
+
+// ---- Clipping by the global norm in sharded runs ---------------------------------------
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+torch::Tensor as_tensor(const std::vector<float>& values) {
+  return torch::tensor(values, torch::kFloat);
+}
+
+// Norms equal within float32 rounding; inf equals inf, NaN equals NaN.
+void expect_norms_close(const std::vector<float>& norms, const std::vector<float>& reference) {
+  ASSERT_EQ(norms.size(), reference.size());
+  EXPECT_TRUE(torch::allclose(as_tensor(norms), as_tensor(reference), /*rtol=*/1e-5, /*atol=*/0.0,
+                              /*equal_nan=*/true))
+      << "norms " << (as_tensor(norms) - as_tensor(reference)) / as_tensor(reference)
+      << " (relative difference)";
+}
+
+struct ClipCase {
+  const char* name;
+  lucid_test::OptimizerKind optimizer;
+  double norm_type;
+};
+
+void PrintTo(const ClipCase& clip, std::ostream* os) { *os << clip.name; }
+
+class ShardedClip : public ::testing::TestWithParam<std::tuple<int, ClipCase>> {};
+
+// Each rank owns a shard of the parameters, clips it with the scaler bound in sharded
+// mode, and steps it: the norms, the skipped steps and the final parameters equal one
+// process clipping all the parameters, with one all-reduce per clip_grad_norm_ (step
+// agrees nothing more after it).
+TEST_P(ShardedClip, ClipsByTheGlobalNormLikeOneProcessWithOneAllReducePerCall) {
+  const auto [world, clip] = GetParam();
+  RunConfig config;
+  config.world = world;
+  config.sharded = true;
+  config.sharded_agreement = true;
+  config.training.max_norm = lucid_test::kMaxNorm;
+  config.training.norm_type = clip.norm_type;
+  config.training.optimizer = clip.optimizer;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(world, config.ownership), config.training);
+  ASSERT_EQ(reference.skipped, kExpectedSkips);
+  for (int rank = 0; rank < world; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const RunRecord r = run.record(rank);
+    expect_norms_close(r.norms, reference.norms);
+    EXPECT_EQ(r.skipped, kExpectedSkips);
+    EXPECT_EQ(r.scales, kExpectedScales);
+    expect_close_to(r.params, reference.params);
+    EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps) << "one all-reduce per clip_grad_norm_";
+  }
+  for (size_t step = 0; step < reference.norms.size(); ++step) {
+    if (kExpectedSkips[step] == 0) {
+      EXPECT_GT(reference.norms[step], lucid_test::kMaxNorm) << "step " << step << " is clipped";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gloo, ShardedClip,
+    ::testing::Combine(
+        ::testing::Values(2, 4),
+        ::testing::Values(ClipCase{"Sgd2", lucid_test::OptimizerKind::kSgd, 2.0},
+                          ClipCase{"FusedAdamW2", lucid_test::OptimizerKind::kFusedAdamW, 2.0},
+                          ClipCase{"SgdInf", lucid_test::OptimizerKind::kSgd, kInf},
+                          ClipCase{"FusedAdamW3", lucid_test::OptimizerKind::kFusedAdamW, 3.0})),
+    [](const auto& info) {
+      return std::to_string(std::get<0>(info.param)) + "ranks" + std::get<1>(info.param).name;
+    });
+
+class ShardedClipNaN : public ::testing::TestWithParam<double> {};
+
+// A NaN in one rank's shard: every rank skips, and returns NaN as one process would, for
+// a summed partial (2) and for a maximum (inf), which a backend's MAX could lose.
+TEST_P(ShardedClipNaN, ANaNInOneShardMakesEveryRankSkipAndReturnNaN) {
+  RunConfig config;
+  config.world = 4;
+  config.sharded = true;
+  config.sharded_agreement = true;
+  config.training.max_norm = lucid_test::kMaxNorm;
+  config.training.norm_type = GetParam();
+  config.training.injected = std::numeric_limits<float>::quiet_NaN();
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(4, config.ownership), config.training);
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const RunRecord r = run.record(rank);
+    ASSERT_EQ(r.norms.size(), static_cast<size_t>(lucid_test::kSteps));
+    EXPECT_TRUE(std::isnan(r.norms[2]) && std::isnan(r.norms[5])) << as_tensor(r.norms);
+    expect_norms_close(r.norms, reference.norms);
+    EXPECT_EQ(r.skipped, kExpectedSkips);
+    EXPECT_EQ(r.scales, kExpectedScales);
+    expect_close_to(r.params, reference.params);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, ShardedClipNaN, ::testing::Values(2.0, kInf), [](const auto& info) {
+  return std::isinf(info.param) ? std::string("NormInf") : std::string("Norm2");
+});
+
+// The default (data parallel) agreement keeps each rank's own norm. With every parameter
+// on every rank that is the global norm already (but for an overflow one rank alone saw);
+// with the parameters sharded it is the shard's, which is why sharded runs opt in (and
+// what the tests above would catch).
+TEST(ShardedClipGloo, DataParallelRunsKeepTheirOwnNormAndOneAllReducePerStep) {
+  RunConfig config;
+  config.training.max_norm = lucid_test::kMaxNorm;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(2, config.ownership), config.training);
+  const auto plan = lucid_test::injections(2, config.ownership);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const RunRecord r = run.record(rank);
+    ASSERT_EQ(r.norms.size(), static_cast<size_t>(lucid_test::kSteps));
+    for (int step = 0; step < lucid_test::kSteps; ++step) {
+      if (lucid_test::overflows_at(step, rank, plan)) {
+        EXPECT_TRUE(std::isinf(r.norms[step])) << "step " << step;
+      } else if (kExpectedSkips[step] != 0) {
+        // A peer overflowed after the gradient all-reduce: this rank's own norm is finite.
+        EXPECT_TRUE(std::isfinite(r.norms[step])) << "step " << step;
+      } else {
+        EXPECT_NEAR(r.norms[step], reference.norms[step], 1e-5 * reference.norms[step])
+            << "step " << step;
+      }
+    }
+    EXPECT_EQ(r.skipped, kExpectedSkips);
+    expect_close_to(r.params, reference.params);
+    EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps);
+  }
+}
+
+TEST(ShardedClipGloo, WithoutShardedModeEachRankClipsByItsShardsNorm) {
+  RunConfig config;
+  config.sharded = true;
+  config.training.max_norm = lucid_test::kMaxNorm;
+  RanksRun run(config);
+  expect_all_succeeded(run);
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(2, config.ownership), config.training);
+  const RunRecord r0 = run.record(0), r1 = run.record(1);
+  EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps);
+  // Step 0 starts from the same parameters: the shards' norms are the parts of the global one.
+  EXPECT_LT(r0.norms[0], reference.norms[0]);
+  EXPECT_LT(r1.norms[0], reference.norms[0]);
+  EXPECT_NEAR(std::hypot(r0.norms[0], r1.norms[0]), reference.norms[0], 1e-5 * reference.norms[0]);
+  EXPECT_EQ(r0.skipped, kExpectedSkips);  // the flags are still agreed
+  EXPECT_FALSE(torch::allclose(r0.params, reference.params, 1e-5, 1e-6));
 }
 
 TEST(DataParallelGloo, GraphSafeModeTakesTheSameDecisions) {
@@ -397,6 +576,55 @@ TEST_F(SingleRank, RejectsAFlagThatIsNotOneFloat32Element) {
   torch::Tensor dbl = torch::zeros({}, torch::kDouble);
   EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"), std::string::npos);
   EXPECT_EQ(agreement.all_reduces(), 0);
+}
+
+TEST_F(SingleRank, AgreeWithANormPartialCombinesBothInOneAllReduce) {
+  lucid::distributed::OverflowAgreement agreement(group_);
+  torch::Tensor flag = torch::ones({}), partial = torch::full({}, 25.0f);
+  agreement.agree_(flag, partial, 2.0);
+  EXPECT_EQ(flag.item<float>(), 1.0f);
+  EXPECT_EQ(partial.item<float>(), 25.0f);
+  EXPECT_EQ(partial.dim(), 0);
+  torch::Tensor clean = torch::zeros({}),
+                nan = torch::full({}, std::numeric_limits<float>::quiet_NaN());
+  agreement.agree_(clean, nan, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(clean.item<float>(), 0.0f);  // the scaler, not the agreement, makes NaN an overflow
+  EXPECT_TRUE(std::isnan(nan.item<float>()));
+  EXPECT_EQ(agreement.all_reduces(), 2);
+}
+
+TEST_F(SingleRank, RejectsABadNormPartialOrNormType) {
+  lucid::distributed::OverflowAgreement agreement(group_);
+  torch::Tensor flag = torch::zeros({}), partial = torch::zeros({});
+  EXPECT_TRUE(lucid_test::ThrowsValueError("norm_type must be > 0",
+                                           [&] { agreement.agree_(flag, partial, 0.0); }));
+  torch::Tensor two = torch::zeros({2});
+  EXPECT_NE(lucid_test::message_of([&] {
+              agreement.agree_(flag, two, 2.0);
+            }).find("expects a 1-element float32 norm partial"),
+            std::string::npos);
+  EXPECT_EQ(agreement.all_reduces(), 0);
+}
+
+TEST_F(SingleRank, ShardedBindingAgreesClipAndStepInOneAllReduce) {
+  lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(8.0));
+  auto agreement = lucid::distributed::bind_to_group(
+      scaler, group_, lucid::distributed::OverflowAgreementOptions().sharded(true));
+  EXPECT_TRUE(agreement->options().sharded());
+  torch::Tensor a = torch::zeros({2}, torch::requires_grad()),
+                b = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD opt_a({a}, torch::optim::SGDOptions(1.0)),
+      opt_b({b}, torch::optim::SGDOptions(0.1));
+  scaler.scale(torch::ones({}));
+  a.mutable_grad() = torch::tensor({24.0f, 32.0f});
+  b.mutable_grad() = torch::full({3}, 8.0);
+  EXPECT_EQ(scaler.clip_grad_norm_(opt_a, 1.0).item<float>(), 5.0f);
+  EXPECT_EQ(agreement->all_reduces(), 1);
+  EXPECT_TRUE(scaler.step(opt_a).has_value());
+  EXPECT_EQ(agreement->all_reduces(), 1);
+  EXPECT_TRUE(scaler.step(opt_b).has_value());  // unscale_ and step: the flag alone
+  EXPECT_EQ(agreement->all_reduces(), 2);
+  EXPECT_TRUE(torch::allclose(a.detach(), -torch::tensor({0.6f, 0.8f}), 1e-5, 1e-6));
 }
 
 TEST(OverflowAgreementOptionsTest, RejectsANullGroupAndANonPositiveTimeout) {

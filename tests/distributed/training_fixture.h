@@ -2,13 +2,18 @@
 #pragma once
 
 // The training run every distributed test repeats: a small MLP, a fixed global batch per
-// step, SGD with momentum, a GradScaler that grows every 2 clean steps, and overflows
+// step, SGD with momentum (or lucid::optim::FusedAdamW), a GradScaler that grows every 2
+// clean steps, optionally clip_grad_norm_ before each step, and overflows (inf or NaN)
 // injected at fixed (step, rank) pairs. The worker (one process per rank) and the tests'
 // single-process reference both build it from here, so that they can be compared.
 
 #include <lucid/amp.h>
+#include <lucid/optim.h>
 #include <torch/torch.h>
 
+#include <limits>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,6 +37,29 @@ inline torch::nn::Sequential make_model() {
 }
 
 inline torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+
+enum class OptimizerKind { kSgd, kFusedAdamW };
+
+// What a run does besides the plain loop: clipping (max_norm 0: none), the optimizer, and
+// the value an overflow injects. The defaults are the plain run.
+struct Training {
+  double max_norm = 0.0;
+  double norm_type = 2.0;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  float injected = std::numeric_limits<float>::infinity();
+};
+
+// Clips hard enough that every clean step of the run is clipped (the norms are above 0.1).
+constexpr double kMaxNorm = 0.1;
+
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<torch::Tensor> params,
+                                                               OptimizerKind kind) {
+  if (kind == OptimizerKind::kFusedAdamW) {
+    return std::make_unique<lucid::optim::FusedAdamW>(std::move(params),
+                                                      lucid::optim::FusedAdamWOptions(1e-2));
+  }
+  return std::make_unique<torch::optim::SGD>(std::move(params), sgd_options());
+}
 
 inline lucid::amp::GradScalerOptions scaler_options() {
   return lucid::amp::GradScalerOptions().init_scale(1024.0).growth_interval(2);
@@ -71,32 +99,39 @@ inline torch::Tensor flat_parameters(const torch::nn::Sequential& model) {
   return torch::cat(flat);
 }
 
-// What a run produced: the scale after each update, whether each step was skipped, and
-// the final parameters (flattened).
+// What a run produced: the scale after each update, whether each step was skipped, the
+// final parameters (flattened), and the norm clip_grad_norm_ returned at each step (empty
+// without clipping).
 struct RunRecord {
   std::vector<double> scales;
   std::vector<int64_t> skipped;
   torch::Tensor params;
+  std::vector<float> norms;
 };
 
 // The single-process run on the global batch: an overflow anywhere in the plan is an
 // overflow of this one process.
-inline RunRecord reference_run(const std::vector<std::pair<int, int>>& plan) {
+inline RunRecord reference_run(const std::vector<std::pair<int, int>>& plan,
+                               const Training& training = {}) {
   auto model = make_model();
-  torch::optim::SGD optimizer(model->parameters(), sgd_options());
+  auto optimizer = make_optimizer(model->parameters(), training.optimizer);
   lucid::amp::GradScaler scaler(scaler_options());
   RunRecord record;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step);
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     scaler.scale(torch::mse_loss(model->forward(x), y)).backward();
     for (const auto& p : plan) {
       if (p.first == step) {
-        model->parameters()[0].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+        model->parameters()[0].mutable_grad()[0][0] = training.injected;
         break;
       }
     }
-    record.skipped.push_back(scaler.step(optimizer).has_value() ? 0 : 1);
+    if (training.max_norm > 0.0) {
+      record.norms.push_back(
+          scaler.clip_grad_norm_(*optimizer, training.max_norm, training.norm_type).item<float>());
+    }
+    record.skipped.push_back(scaler.step(*optimizer).has_value() ? 0 : 1);
     scaler.update();
     record.scales.push_back(scaler.get_scale());
   }

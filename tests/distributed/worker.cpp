@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// One rank of a distributed test run: a real process, started by the tests (support/rank_launcher.h,
-// which forks and calls worker_main, or execs lucid_distributed_worker), meeting its
-// peers over a c10d FileStore (or TCPStore) with Gloo on loopback. It trains
-// the run of training_fixture.h on its slice of the global batch and writes what it saw
-// to <out>/rank<r>.pt (scales, skipped steps, final parameters, all-reduce count). When
-// the agreement fails it writes the error to <out>/rank<r>.err and exits with kAgreementError.
+// One rank of a distributed test run: a real process, started by the tests
+// (support/rank_launcher.h, which forks and calls worker_main, or execs
+// lucid_distributed_worker), meeting its peers over a c10d FileStore (or TCPStore) with
+// Gloo on loopback. It trains the run of training_fixture.h on its slice of the global
+// batch and writes what it saw to <out>/rank<r>.pt (scales, skipped steps, final
+// parameters, all-reduce count, the norms clip_grad_norm_ returned). When the agreement
+// fails it writes the error to <out>/rank<r>.err and exits with kAgreementError.
 //
 // Flags (all "--name value"): rank, world-size, out, store (FileStore path) or tcp-port,
 // sharded (0/1), ownership (roundrobin|rank0), bind (0/1: scaler bound to the group),
-// graph-safe (0/1), timeout-ms (agreement), group-timeout-ms, victim, die-at, stall-at.
+// graph-safe (0/1), sharded-agreement (0/1: OverflowAgreementOptions::sharded),
+// timeout-ms (agreement), group-timeout-ms, victim, die-at, stall-at; and the Training of
+// training_fixture.h: clip-norm (max_norm, 0: no clipping), norm-type, optimizer
+// (sgd|adamw), inject (inf|nan).
 
 #include <lucid/distributed.h>
 
@@ -20,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -107,7 +112,16 @@ int run(const Flags& flags) {
       owned.push_back(params[i]);
     }
   }
-  torch::optim::SGD optimizer(owned, lucid_test::sgd_options());
+  lucid_test::Training training;
+  training.max_norm = std::stod(flags.get("clip-norm", "0"));
+  training.norm_type = std::stod(flags.get("norm-type", "2"));
+  training.optimizer = flags.get("optimizer", "sgd") == "adamw"
+                           ? lucid_test::OptimizerKind::kFusedAdamW
+                           : lucid_test::OptimizerKind::kSgd;
+  if (flags.get("inject", "inf") == "nan") {
+    training.injected = std::numeric_limits<float>::quiet_NaN();
+  }
+  auto optimizer = lucid_test::make_optimizer(owned, training.optimizer);
   lucid::amp::GradScaler scaler(lucid_test::scaler_options());
   std::shared_ptr<lucid::distributed::OverflowAgreement> agreement;
   if (flags.integer("bind", 1) != 0) {
@@ -115,7 +129,8 @@ int run(const Flags& flags) {
         scaler, group,
         lucid::distributed::OverflowAgreementOptions()
             .timeout(std::chrono::milliseconds(flags.integer("timeout-ms", 10000)))
-            .graph_safe(flags.integer("graph-safe", 0) != 0));
+            .graph_safe(flags.integer("graph-safe", 0) != 0)
+            .sharded(flags.integer("sharded-agreement", 0) != 0));
   }
   const auto plan = lucid_test::injections(world, ownership);
   const int rows = lucid_test::kGlobalBatch / world;
@@ -143,7 +158,7 @@ int run(const Flags& flags) {
       }
     }
     if (lucid_test::overflows_at(step, rank, plan)) {  // this rank alone overflows
-      owned.front().mutable_grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+      owned.front().mutable_grad().view({-1})[0] = training.injected;
     }
     if (rank == victim && step == die_at) {
       _exit(3);  // dies between backward and step, without a word to its peers
@@ -157,7 +172,12 @@ int run(const Flags& flags) {
     }
     const auto before = std::chrono::steady_clock::now();
     try {
-      record.skipped.push_back(scaler.step(optimizer).has_value() ? 0 : 1);
+      if (training.max_norm > 0.0) {
+        record.norms.push_back(
+            scaler.clip_grad_norm_(*optimizer, training.max_norm, training.norm_type)
+                .item<float>());
+      }
+      record.skipped.push_back(scaler.step(*optimizer).has_value() ? 0 : 1);
     } catch (const c10::Error& e) {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
@@ -186,7 +206,8 @@ int run(const Flags& flags) {
   torch::save(std::vector<torch::Tensor>{torch::tensor(record.scales, torch::kDouble),
                                          torch::tensor(record.skipped, torch::kLong),
                                          lucid_test::flat_parameters(model),
-                                         torch::tensor(all_reduces, torch::kLong)},
+                                         torch::tensor(all_reduces, torch::kLong),
+                                         torch::tensor(record.norms, torch::kFloat)},
               out + "/rank" + std::to_string(rank) + ".pt");
   return 0;
 }

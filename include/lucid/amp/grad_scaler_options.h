@@ -108,5 +108,18 @@ enum class OptimizerStage {
 /// every rank skips and backs off together.
 using FoundInfHook = std::function<void(at::Tensor& found_inf)>;
 
+/// Called by clip_grad_norm_, in place of the FoundInfHook, with the optimizer's overflow
+/// flag (as for FoundInfHook) and the partial of its gradients' total norm, before the
+/// norm and the clip coefficient are computed from it. `norm_partial` is float32, 0-dim,
+/// beside the flag: the sum of |g|^p over the unscaled gradients for a finite `norm_type`
+/// p (the sum of squares for 2), their largest |g| for inf; the norm is then
+/// partial^(1/p), or the partial itself for inf. Partials of disjoint sets of gradients
+/// combine by a sum (finite p) or a maximum (inf), so a binding whose ranks each hold a
+/// shard of the parameters combines flag and partial across ranks, in place, and every
+/// rank clips by the norm over all ranks' gradients. A flag left non-zero, or a partial
+/// left non-finite, skips the step (the returned norm is then inf or NaN).
+using FoundInfNormHook =
+    std::function<void(at::Tensor& found_inf, at::Tensor& norm_partial, double norm_type)>;
+
 }  // namespace amp
 }  // namespace lucid

@@ -32,10 +32,20 @@ struct OverflowAgreementOptions {
   /// group's, e.g. ProcessGroupNCCL's watchdog), not by `timeout`. CPU flags are always
   /// waited for on the host, with `timeout`.
   TORCH_ARG(bool, graph_safe) = false;
+  /// Sharded mode, for runs in which each rank holds a disjoint shard of the parameters
+  /// and their gradients (ZeRO/FSDP-like): GradScaler::clip_grad_norm_ then clips every
+  /// rank's shard by the total norm over all ranks' gradients and returns that norm. The
+  /// norm's partial travels in the flag's all-reduce (still one per call), and a
+  /// non-finite norm anywhere skips the step on every rank. unscale_ and step agree the
+  /// flag as in the default mode. Off (data parallel: every rank holds all the
+  /// parameters, so its own norm is the total one already), clip_grad_norm_ returns this
+  /// rank's own norm.
+  TORCH_ARG(bool, sharded) = false;
 };
 
 /// Combines overflow flags across a c10d process group with one all-reduce (MAX) each,
-/// on the flag's own device. Bind it to a GradScaler with bind_to_group().
+/// on the flag's own device, and in sharded mode a gradient norm's partial with the flag
+/// in the same all-reduce. Bind it to a GradScaler with bind_to_group().
 class OverflowAgreement {
  public:
   /// Agrees over `group` (any c10d backend serving the flags' device: Gloo for CPU,
@@ -48,11 +58,20 @@ class OverflowAgreement {
   /// Throws c10::Error naming this rank when the all-reduce fails or times out.
   void agree_(torch::Tensor& found_inf);
 
+  /// Replaces `found_inf` by 1 where any rank's flag is non-zero (else 0) and
+  /// `norm_partial` (a 1-element float32 tensor beside the flag; see
+  /// amp::FoundInfNormHook) by its sum over the group for a finite `norm_type`, or its
+  /// maximum for inf, a NaN partial on any rank making it NaN on every rank; both in
+  /// place, with one all-reduce. Same calling rules and errors as agree_(found_inf), the
+  /// partial checked as the flag is (and on the flag's device); c10::ValueError for
+  /// `norm_type` not > 0.
+  void agree_(torch::Tensor& found_inf, torch::Tensor& norm_partial, double norm_type);
+
   /// This process's rank in the group.
   int rank() const;
   /// The number of ranks in the group.
   int world_size() const;
-  /// All-reduces issued so far (one per agree_ call).
+  /// All-reduces issued so far (one per agree_ call, of either form).
   int64_t all_reduces() const { return all_reduces_; }
   /// The group the flags are combined over.
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
@@ -67,9 +86,12 @@ class OverflowAgreement {
 
 /// Binds `scaler` to `group`: each optimizer's overflow flag is all-reduced (MAX) across
 /// the group right after unscaling, before the scaler reads it, so that a step skipped on
-/// one rank is skipped on all and every rank's scale backs off and grows alike. Replaces
-/// any found-inf hook the scaler had; scaler.set_found_inf_hook(nullptr) unbinds. The
-/// returned agreement is shared with the scaler's hook (for its counters and options).
+/// one rank is skipped on all and every rank's scale backs off and grows alike. With
+/// `options.sharded()`, clip_grad_norm_ also clips by the norm over every rank's
+/// gradients, agreed in the same all-reduce (a found-inf norm hook beside the found-inf
+/// hook). Replaces any found-inf hooks the scaler had; scaler.set_found_inf_hook(nullptr)
+/// unbinds. The returned agreement is shared with the scaler's hooks (for its counters
+/// and options).
 std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> group,
                                                  OverflowAgreementOptions options = {});
