@@ -124,6 +124,11 @@ def _extension():
         # takes it in links the runtime library, by its soname (machines without zlib's
         # development files have no plain libz.so).
         kwargs["extra_link_args"] = ["-l:libz.so.1"]
+    # The C++ runtime by its shared library, named before the compiler's own runtime
+    # arguments: a toolchain that links libstdc++ statically would otherwise put a second
+    # copy of it (locales, streams) into the extension, beside the one PyTorch loads, and
+    # formatting a number into an error message then crashes inside that copy.
+    kwargs.setdefault("extra_link_args", []).append("-l:libstdc++.so.6")
     if _use_cuda():
         if not prebuilt:
             kwargs["sources"] += cuda
