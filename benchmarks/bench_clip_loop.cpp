@@ -31,8 +31,8 @@ namespace {
 // A transformer-like mix of parameter sizes (d=768), repeated until `total` elements,
 // each with a gradient.
 std::vector<torch::Tensor> model_like_parameters(int64_t total, const torch::Device& device) {
-  const std::vector<int64_t> shapes = {768 * 768 * 3, 768 * 3, 768 * 768, 768, 768,
-                                       768,           768 * 3072, 3072,   3072 * 768, 768};
+  const std::vector<int64_t> shapes = {768 * 768 * 3, 768 * 3,    768 * 768, 768,        768,
+                                       768,           768 * 3072, 3072,      3072 * 768, 768};
   std::vector<torch::Tensor> params;
   int64_t placed = 0;
   for (size_t i = 0; placed < total; ++i) {
@@ -60,13 +60,15 @@ double median_ms(const std::function<void()>& fn, const torch::Device& device, i
     const auto start = std::chrono::steady_clock::now();
     fn();
     sync();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
   }
   std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
   return ms[reps / 2];
 }
 
-using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+using MakeOptimizer =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
 void run(const char* name, const MakeOptimizer& make, std::vector<torch::Tensor>& params,
          const torch::Device& device, int reps) {
@@ -93,7 +95,8 @@ void run(const char* name, const MakeOptimizer& make, std::vector<torch::Tensor>
         scaler.update(kScale);
       },
       device, reps);
-  std::printf("  %-22s bare %9.3f ms | clip_grad_norm_ loop %9.3f ms (%.3fx) | unscale_+torch clip loop %9.3f ms (%.3fx) | fused/plain %.3f\n",
+  std::printf("  %-22s bare %9.3f ms | clip_grad_norm_ loop %9.3f ms (%.3fx) | unscale_+torch clip "
+              "loop %9.3f ms (%.3fx) | fused/plain %.3f\n",
               name, bare, fused, fused / bare, plain, plain / bare, fused / plain);
 }
 
@@ -101,7 +104,8 @@ void run(const char* name, const MakeOptimizer& make, std::vector<torch::Tensor>
 
 int main(int argc, char** argv) {
   const std::string where = argc > 1 ? argv[1] : "cpu";
-  const torch::Device device = where == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  const torch::Device device =
+      where == "cuda" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   std::vector<int64_t> millions;
   for (int i = 2; i < argc; ++i) {
     millions.push_back(std::stoll(argv[i]));
@@ -114,19 +118,24 @@ int main(int argc, char** argv) {
     std::vector<torch::Tensor> params = model_like_parameters(m * 1000 * 1000, device);
     std::printf("%ldM parameters in %zu tensors\n", static_cast<long>(m), params.size());
     const int reps = device.is_cuda() ? 21 : 11;
-    run("lucid FusedAdamW",
+    run(
+        "lucid FusedAdamW",
         [](std::vector<torch::Tensor> p) {
-          return std::make_unique<lucid::optim::FusedAdamW>(p, lucid::optim::FusedAdamWOptions(1e-6));
+          return std::make_unique<lucid::optim::FusedAdamW>(p,
+                                                            lucid::optim::FusedAdamWOptions(1e-6));
         },
         params, device, reps);
-    run("torch::optim::AdamW",
+    run(
+        "torch::optim::AdamW",
         [](std::vector<torch::Tensor> p) {
           return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-6));
         },
         params, device, reps);
-    run("torch::optim::SGD",
+    run(
+        "torch::optim::SGD",
         [](std::vector<torch::Tensor> p) {
-          return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(1e-6).momentum(0.9));
+          return std::make_unique<torch::optim::SGD>(p,
+                                                     torch::optim::SGDOptions(1e-6).momentum(0.9));
         },
         params, device, reps);
   }

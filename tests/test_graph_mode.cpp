@@ -53,10 +53,10 @@ struct Trainer {
     torch::manual_seed(7);
     model = torch::nn::Linear(16, 8);
     model->to(device);
-    optimizer = adam ? std::unique_ptr<torch::optim::Optimizer>(std::make_unique<FusedAdamW>(
-                           model->parameters(), FusedAdamWOptions(1e-2)))
-                     : std::make_unique<FusedSGD>(model->parameters(),
-                                                  FusedSGDOptions(0.05).momentum(0.9));
+    optimizer =
+        adam ? std::unique_ptr<torch::optim::Optimizer>(
+                   std::make_unique<FusedAdamW>(model->parameters(), FusedAdamWOptions(1e-2)))
+             : std::make_unique<FusedSGD>(model->parameters(), FusedSGDOptions(0.05).momentum(0.9));
     scaler = std::make_unique<GradScaler>(GradScalerOptions()
                                               .graph_safe(graph_safe)
                                               .init_scale(1024.0)
@@ -121,7 +121,8 @@ TEST(GraphSafeCpu, LoadingAStateDictFoldsTheDeviceTallyIntoTheCountersAndCountin
         t->scaler->load_state_dict(t->scaler->state_dict());
       }
     }
-    ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters())) << "iteration " << i;
+    ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters()))
+        << "iteration " << i;
   }
   EXPECT_EQ(graph.scaler->counters().updates, 20);
 }
@@ -141,7 +142,8 @@ TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {
   scaler.step(p.optimizer);
   EXPECT_NE(scaler.found_inf(p.optimizer).item<float>(), 0.0f);
   scaler.update();
-  EXPECT_TRUE(ThrowsError("update() starts a new iteration", [&] { scaler.found_inf(p.optimizer); }));
+  EXPECT_TRUE(
+      ThrowsError("update() starts a new iteration", [&] { scaler.found_inf(p.optimizer); }));
   p.clean_grad();
   scaler.scale(torch::ones({1}));
   scaler.step(p.optimizer);
@@ -151,8 +153,8 @@ TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {
 TEST(LiveHyperParameters, SettersAndSetLrWriteTheCopiesAndACopyOfTheOptionsOwnsNone) {
   FusedSGDOptions options(0.1);
   options.momentum(0.9).weight_decay(1e-4);
-  const torch::Tensor copy = options.live().on(torch::kCPU, options.lr(), options.weight_decay(),
-                                               options.momentum());
+  const torch::Tensor copy =
+      options.live().on(torch::kCPU, options.lr(), options.weight_decay(), options.momentum());
   EXPECT_TRUE(torch::equal(copy, torch::tensor({0.1, 1e-4, 0.9}, torch::kDouble)));
   options.set_lr(0.05);  // what an LR scheduler calls
   options.weight_decay(0.0);
@@ -183,8 +185,8 @@ TEST(LiveHyperParameters, AnLrSchedulerDrivesTheFusedOptimizersLikeTorchOptim) {
   torch::optim::StepLR fused_schedule(fused, /*step_size=*/3, /*gamma=*/0.5);
   torch::optim::StepLR ref_schedule(ref, /*step_size=*/3, /*gamma=*/0.5);
   for (int i = 0; i < 10; ++i) {
-    for (auto& [param, optimizer] :
-         std::vector<std::pair<torch::Tensor, torch::optim::Optimizer*>>{{w, &fused}, {w_ref, &ref}}) {
+    for (auto& [param, optimizer] : std::vector<std::pair<torch::Tensor, torch::optim::Optimizer*>>{
+             {w, &fused}, {w_ref, &ref}}) {
       optimizer->zero_grad();
       param.pow(2).sum().backward();
       optimizer->step();
@@ -192,7 +194,8 @@ TEST(LiveHyperParameters, AnLrSchedulerDrivesTheFusedOptimizersLikeTorchOptim) {
     fused_schedule.step();
     ref_schedule.step();
   }
-  EXPECT_DOUBLE_EQ(fused.param_groups()[0].options().get_lr(), ref.param_groups()[0].options().get_lr());
+  EXPECT_DOUBLE_EQ(fused.param_groups()[0].options().get_lr(),
+                   ref.param_groups()[0].options().get_lr());
   EXPECT_TRUE(torch::allclose(w, w_ref, /*rtol=*/1e-6, /*atol=*/1e-7));
 }
 
@@ -301,7 +304,8 @@ void expect_captured_run_follows_schedule(const torch::Device& gpu, bool adam) {
   EXPECT_DOUBLE_EQ(graph.optimizer->param_groups()[0].options().get_lr(), eager_lr);
   EXPECT_EQ(clean_steps.item<int64_t>(), clean);
   EXPECT_EQ(graph.scaler->get_scale(), eager.scaler->get_scale());
-  EXPECT_TRUE(torch::allclose(graph.model->weight, eager.model->weight, /*rtol=*/1e-6, /*atol=*/1e-7))
+  EXPECT_TRUE(
+      torch::allclose(graph.model->weight, eager.model->weight, /*rtol=*/1e-6, /*atol=*/1e-7))
       << (graph.model->weight - eager.model->weight).abs().max().item<float>();
   EXPECT_TRUE(torch::allclose(graph.model->bias, eager.model->bias, /*rtol=*/1e-6, /*atol=*/1e-7));
   EXPECT_EQ(graph.scaler->step_skipped(*graph.optimizer), overflows_at(kReplays - 1));

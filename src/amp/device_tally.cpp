@@ -35,8 +35,8 @@ void DeviceTally::note_update(const at::Tensor& found_inf, const at::Tensor& gro
   ensure_(found_inf.device());
   ++updates_;
   const at::Tensor found = found_inf.ne(0);
-  const at::Tensor grows = found.logical_not().logical_and(
-      growth_tracker.eq(options.growth_interval() - 1));
+  const at::Tensor grows =
+      found.logical_not().logical_and(growth_tracker.eq(options.growth_interval() - 1));
   // Hysteresis absorbs an overflow while fewer than hysteresis - 1 were absorbed before.
   const int64_t absorbs = options.hysteresis() - 1;
   const at::Tensor backs = overflow_tracker.defined()

@@ -78,8 +78,8 @@ std::optional<torch::Tensor> GradScaler::step(torch::optim::Optimizer& optimizer
               "closure would re-run backward() and its gradients would never be unscaled. "
               "Run forward/backward yourself, then call step(optimizer).");
   torch::Tensor result;
-  const bool ran =
-      core_().step(detail::view_of(optimizer, [&optimizer, &result] { result = optimizer.step(); }));
+  const bool ran = core_().step(
+      detail::view_of(optimizer, [&optimizer, &result] { result = optimizer.step(); }));
   return ran ? std::optional<torch::Tensor>(result) : std::nullopt;
 }
 

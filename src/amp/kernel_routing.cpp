@@ -31,8 +31,7 @@ const AmpBackend& backend_for(const at::Tensor& dense) {
     return generic_amp_backend();
   }
   const AmpBackend* table = find_amp_backend(dense.device().type());
-  return table != nullptr && dense.is_non_overlapping_and_dense() ? *table
-                                                                  : generic_amp_backend();
+  return table != nullptr && dense.is_non_overlapping_and_dense() ? *table : generic_amp_backend();
 }
 
 // One multi-tensor launch: the tensors of one device that one backend takes.

@@ -257,8 +257,8 @@ void ScalerDiagnostics::forget_expired_names() {
 }
 
 void ScalerDiagnostics::set_parameter_name(const at::Tensor& parameter, const std::string& name) {
-  TORCH_CHECK_VALUE(parameter.defined(), "GradScaler::set_parameter_name: the tensor for '",
-                    name, "' is undefined.");
+  TORCH_CHECK_VALUE(parameter.defined(), "GradScaler::set_parameter_name: the tensor for '", name,
+                    "' is undefined.");
   const c10::TensorImpl* key = parameter.unsafeGetTensorImpl();
   names_.erase(key);
   names_.emplace(key, Name{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(

@@ -59,8 +59,8 @@ enum class C10dBackend { kGloo, kNccl };
 /// Unchecked on purpose: the caller built `backend` on this store, rank and size.
 template <typename BackendT>
 c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(
-    c10::intrusive_ptr<BackendT> backend, const c10::intrusive_ptr<c10d::Store>& store,
-    int rank, int size, std::initializer_list<c10::DeviceType> device_types, C10dBackend kind,
+    c10::intrusive_ptr<BackendT> backend, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+    int size, std::initializer_list<c10::DeviceType> device_types, C10dBackend kind,
     std::chrono::milliseconds timeout) {
 #if LUCID_TORCH_AT_LEAST(2, 0)
   const auto type = kind == C10dBackend::kGloo ? c10d::ProcessGroup::BackendType::GLOO
@@ -72,8 +72,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(
 #else
   auto group = c10::make_intrusive<c10d::ProcessGroup>(
       store, rank, size,
-      c10::make_intrusive<c10d::ProcessGroup::Options>(
-          kind == C10dBackend::kGloo ? "gloo" : "nccl", timeout));
+      c10::make_intrusive<c10d::ProcessGroup::Options>(kind == C10dBackend::kGloo ? "gloo" : "nccl",
+                                                       timeout));
 #endif
   const auto as_backend = c10::static_intrusive_pointer_cast<c10d::Backend>(backend);
   for (const c10::DeviceType device_type : device_types) {

@@ -95,16 +95,17 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   detail::for_each_bucket<FusedAdamOptions>(
       param_groups_, decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam", check_options,
       [&](const FusedAdamOptions& o, const detail::Bucket& bucket) {
-        detail::AdamHyper hyper{o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()),
-                                o.eps(), o.weight_decay(), o.amsgrad(),
-                                decoupled_weight_decay_};
+        detail::AdamHyper hyper{
+            o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+            o.amsgrad(), decoupled_weight_decay_};
         hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), 0.0);
         std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
         for (const at::Tensor& p : bucket.originals) {
-          auto& s = detail::param_state<FusedAdamParamState>(state_, p, [&](FusedAdamParamState& fresh) {
-            fresh.exp_avg(at::zeros(p.sizes(), p.options()));
-            fresh.exp_avg_sq(at::zeros(p.sizes(), p.options()));
-          });
+          auto& s =
+              detail::param_state<FusedAdamParamState>(state_, p, [&](FusedAdamParamState& fresh) {
+                fresh.exp_avg(at::zeros(p.sizes(), p.options()));
+                fresh.exp_avg_sq(at::zeros(p.sizes(), p.options()));
+              });
           if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
             s.max_exp_avg_sq(at::zeros(p.sizes(), p.options()));
           }

@@ -22,7 +22,7 @@ struct LiveSlot {
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;
   bool amsgrad;
-  bool decoupled_weight_decay;  // AdamW: p *= 1 - lr * weight_decay, grad untouched
+  bool decoupled_weight_decay;   // AdamW: p *= 1 - lr * weight_decay, grad untouched
   const double* live = nullptr;  // device copies in LiveSlot order, or null (CPU)
 };
 

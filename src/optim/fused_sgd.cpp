@@ -88,8 +88,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
   detail::for_each_bucket<FusedSGDOptions>(
       param_groups_, "FusedSGD", check_options,
       [&](const FusedSGDOptions& o, const detail::Bucket& bucket) {
-        detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
-                               o.nesterov()};
+        detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
         hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), o.momentum());
         const bool momentum = o.momentum() != 0;
         std::vector<at::Tensor> buffers, steps;

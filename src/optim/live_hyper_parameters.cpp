@@ -37,17 +37,18 @@ class DeviceHyperCopies {
     }
   }
 
-  const at::Tensor& on(const c10::Device& device, const std::array<double, LiveSlot::kCount>& values) {
+  const at::Tensor& on(const c10::Device& device,
+                       const std::array<double, LiveSlot::kCount>& values) {
     const FusedOptimBackend* table = find_fused_backend(device.type());
     const bool capturing = table != nullptr && table->capturing_(device);
     Copy* copy = find(device);
     if (copy == nullptr) {
-      TORCH_CHECK(!capturing,
-                  "A fused optimizer's first step on ", device,
+      TORCH_CHECK(!capturing, "A fused optimizer's first step on ", device,
                   " is being captured in a CUDA graph: its hyper-parameters would be reset to "
                   "their capture-time values on every replay. Run at least one step before "
                   "capturing (as CUDA graphs need warm-up steps anyway).");
-      at::Tensor tensor = at::empty({LiveSlot::kCount}, at::TensorOptions().dtype(at::kDouble).device(device));
+      at::Tensor tensor =
+          at::empty({LiveSlot::kCount}, at::TensorOptions().dtype(at::kDouble).device(device));
       copies_.push_back({device, tensor, {}});
       copy = &copies_.back();
       for (int slot = 0; slot < LiveSlot::kCount; ++slot) {
@@ -68,7 +69,7 @@ class DeviceHyperCopies {
  private:
   struct Copy {
     c10::Device device;
-    at::Tensor values;  // float64, LiveSlot::kCount entries
+    at::Tensor values;                             // float64, LiveSlot::kCount entries
     std::array<double, LiveSlot::kCount> written;  // what the last fills wrote
   };
 

@@ -84,14 +84,30 @@ class RanksRun {
     std::vector<std::vector<std::string>> args;
     for (int rank = 0; rank < config.world; ++rank) {
       std::vector<std::string> a = {
-          "--rank", std::to_string(rank), "--world-size", std::to_string(config.world),
-          "--out", dir_.path().string(), "--sharded", config.sharded ? "1" : "0",
-          "--ownership", config.ownership == Ownership::kAllOnRankZero ? "rank0" : "roundrobin",
-          "--bind", config.bind ? "1" : "0", "--graph-safe", config.graph_safe ? "1" : "0",
-          "--timeout-ms", std::to_string(config.timeout_ms),
-          "--group-timeout-ms", std::to_string(config.group_timeout_ms),
-          "--victim", std::to_string(config.victim), "--die-at", std::to_string(config.die_at),
-          "--stall-at", std::to_string(config.stall_at)};
+          "--rank",
+          std::to_string(rank),
+          "--world-size",
+          std::to_string(config.world),
+          "--out",
+          dir_.path().string(),
+          "--sharded",
+          config.sharded ? "1" : "0",
+          "--ownership",
+          config.ownership == Ownership::kAllOnRankZero ? "rank0" : "roundrobin",
+          "--bind",
+          config.bind ? "1" : "0",
+          "--graph-safe",
+          config.graph_safe ? "1" : "0",
+          "--timeout-ms",
+          std::to_string(config.timeout_ms),
+          "--group-timeout-ms",
+          std::to_string(config.group_timeout_ms),
+          "--victim",
+          std::to_string(config.victim),
+          "--die-at",
+          std::to_string(config.die_at),
+          "--stall-at",
+          std::to_string(config.stall_at)};
       const lucid_test::Training& training = config.training;
       const bool adamw = training.optimizer == lucid_test::OptimizerKind::kFusedAdamW;
       a.insert(a.end(), {"--sharded-agreement", config.sharded_agreement ? "1" : "0"});
@@ -191,7 +207,8 @@ TEST_P(DataParallel, ParametersEqualASingleProcessRunOnTheGlobalBatch) {
   config.world = GetParam();
   RanksRun run(config);
   expect_all_succeeded(run);
-  const RunRecord reference = lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
   ASSERT_EQ(reference.skipped, kExpectedSkips);
   const RunRecord first = run.record(0);
   expect_close_to(first.params, reference.params);
@@ -217,7 +234,8 @@ TEST_P(Sharded, OverflowInOneShardMakesEveryRankSkipAndMatchesOneProcess) {
   config.sharded = true;
   RanksRun run(config);
   expect_all_succeeded(run);
-  const RunRecord reference = lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
+  const RunRecord reference =
+      lucid_test::reference_run(lucid_test::injections(config.world, config.ownership));
   for (int rank = 0; rank < config.world; ++rank) {
     const RunRecord r = run.record(rank);
     EXPECT_EQ(r.skipped, kExpectedSkips) << "rank " << rank;
@@ -240,7 +258,8 @@ TEST(ShardedGloo, RankThatOwnsNoParametersStillSkipsAndBacksOff) {
   EXPECT_EQ(idle.skipped, kExpectedSkips);
   EXPECT_EQ(idle.scales, kExpectedScales);
   EXPECT_EQ(run.last_all_reduces(), lucid_test::kSteps);
-  expect_close_to(idle.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params);
+  expect_close_to(idle.params,
+                  lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params);
 }
 
 // The control: without the agreement the same sharded run drifts apart, which is what the
@@ -256,7 +275,8 @@ TEST(ShardedGloo, WithoutTheAgreementRanksDriftApart) {
   EXPECT_NE(r0.scales, r1.scales);
   EXPECT_NE(r0.skipped, r1.skipped);
   EXPECT_FALSE(torch::allclose(
-      r0.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params, 1e-5, 1e-6));
+      r0.params, lucid_test::reference_run(lucid_test::injections(2, config.ownership)).params,
+      1e-5, 1e-6));
 }
 
 // ---- Clipping by the global norm in sharded runs ---------------------------------------
@@ -511,9 +531,10 @@ TEST(StoreFailure, ARankThatNeverJoinsFailsTheRendezvousWithinTheTimeout) {
                                                    std::chrono::milliseconds(1000));
   const auto start = std::chrono::steady_clock::now();
   const std::string message = lucid_test::message_of([&] {
-    lucid::distributed::make_gloo_group(
-        store, 0, 2,
-        lucid::distributed::GroupOptions().timeout(std::chrono::milliseconds(1000)).gloo_hostname("127.0.0.1"));
+    lucid::distributed::make_gloo_group(store, 0, 2,
+                                        lucid::distributed::GroupOptions()
+                                            .timeout(std::chrono::milliseconds(1000))
+                                            .gloo_hostname("127.0.0.1"));
   });
   EXPECT_LT(seconds_since(start), 1.0 + 4.0);
   EXPECT_NE(message.find("rank 0 of 2 could not join the Gloo group within 1 s"), std::string::npos)
@@ -551,8 +572,10 @@ TEST_F(SingleRank, AgreeKeepsTheFlagAndCountsTheAllReduce) {
 TEST_F(SingleRank, BindingAScalerRunsOneAllReducePerOptimizerStep) {
   lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(8.0));
   auto agreement = lucid::distributed::bind_to_group(scaler, group_);
-  torch::Tensor a = torch::ones({3}, torch::requires_grad()), b = torch::ones({3}, torch::requires_grad());
-  torch::optim::SGD opt_a({a}, torch::optim::SGDOptions(0.1)), opt_b({b}, torch::optim::SGDOptions(0.1));
+  torch::Tensor a = torch::ones({3}, torch::requires_grad()),
+                b = torch::ones({3}, torch::requires_grad());
+  torch::optim::SGD opt_a({a}, torch::optim::SGDOptions(0.1)),
+      opt_b({b}, torch::optim::SGDOptions(0.1));
   scaler.scale(torch::ones({}));
   a.mutable_grad() = torch::full({3}, 8.0);
   b.mutable_grad() = torch::full({3}, std::numeric_limits<float>::infinity());
@@ -571,10 +594,13 @@ TEST_F(SingleRank, BindingAScalerRunsOneAllReducePerOptimizerStep) {
 TEST_F(SingleRank, RejectsAFlagThatIsNotOneFloat32Element) {
   lucid::distributed::OverflowAgreement agreement(group_);
   torch::Tensor wrong = torch::zeros({2});
-  EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(wrong); }).find("expects a 1-element float32 overflow flag"),
+  EXPECT_NE(lucid_test::message_of([&] {
+              agreement.agree_(wrong);
+            }).find("expects a 1-element float32 overflow flag"),
             std::string::npos);
   torch::Tensor dbl = torch::zeros({}, torch::kDouble);
-  EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"), std::string::npos);
+  EXPECT_NE(lucid_test::message_of([&] { agreement.agree_(dbl); }).find("got a Double tensor"),
+            std::string::npos);
   EXPECT_EQ(agreement.all_reduces(), 0);
 }
 
@@ -634,19 +660,23 @@ TEST(OverflowAgreementOptionsTest, RejectsANullGroupAndANonPositiveTimeout) {
   if (!lucid::distributed::has_gloo()) {
     GTEST_SKIP() << "built without Gloo";
   }
-  auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 1, std::chrono::seconds(5));
-  auto group = lucid::distributed::make_gloo_group(store, 0, 1,
-                                                   lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
+  auto store =
+      lucid::distributed::make_file_store((dir.path() / "s").string(), 1, std::chrono::seconds(5));
+  auto group = lucid::distributed::make_gloo_group(
+      store, 0, 1, lucid::distributed::GroupOptions().gloo_hostname("127.0.0.1"));
   EXPECT_TRUE(lucid_test::ThrowsValueError("timeout must be > 0 ms, got 0 ms", [&] {
     lucid::distributed::OverflowAgreement(
-        group, lucid::distributed::OverflowAgreementOptions().timeout(std::chrono::milliseconds(0)));
+        group,
+        lucid::distributed::OverflowAgreementOptions().timeout(std::chrono::milliseconds(0)));
   }));
 }
 
 TEST(GroupFactories, RejectBadRanksAndMissingBackends) {
-  EXPECT_THROW(lucid::distributed::make_file_store("/tmp/x", 0, std::chrono::seconds(1)), c10::ValueError);
+  EXPECT_THROW(lucid::distributed::make_file_store("/tmp/x", 0, std::chrono::seconds(1)),
+               c10::ValueError);
   ScratchDir dir("lucid_dist");
-  auto store = lucid::distributed::make_file_store((dir.path() / "s").string(), 2, std::chrono::seconds(1));
+  auto store =
+      lucid::distributed::make_file_store((dir.path() / "s").string(), 2, std::chrono::seconds(1));
   EXPECT_THROW(lucid::distributed::make_gloo_group(store, 2, 2), c10::ValueError);
   if (!lucid::distributed::has_nccl()) {
     EXPECT_THROW(lucid::distributed::make_nccl_group(store, 0, 2), c10::NotImplementedError);

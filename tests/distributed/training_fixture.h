@@ -36,7 +36,9 @@ inline torch::nn::Sequential make_model() {
   return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1));
 }
 
-inline torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+inline torch::optim::SGDOptions sgd_options() {
+  return torch::optim::SGDOptions(0.05).momentum(0.9);
+}
 
 enum class OptimizerKind { kSgd, kFusedAdamW };
 

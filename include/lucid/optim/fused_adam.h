@@ -20,6 +20,7 @@ namespace optim {
 struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAdamOptions> {
   /// Learning rate `lr`, every other option at torch::optim::AdamOptions' default.
   FusedAdamOptions(double lr = 1e-3);
+
  public:
   /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
   FusedAdamOptions& lr(double value);
@@ -31,6 +32,7 @@ struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAd
   TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
   /// Added to the denominator (>= 0).
   TORCH_ARG(double, eps) = 1e-8;
+
  public:
   /// Sets the weight decay: L2 penalty for FusedAdam, decoupled decay for FusedAdamW
   /// (>= 0), its device copies included.
@@ -106,8 +108,8 @@ class FusedAdam : public FusedOptimizer {
 
  protected:
   /// For FusedAdamW: `decoupled_weight_decay` selects AdamW's update.
-  FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-            FusedAdamOptions defaults, bool decoupled_weight_decay);
+  FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups, FusedAdamOptions defaults,
+            bool decoupled_weight_decay);
 
  private:
   bool decoupled_weight_decay_;

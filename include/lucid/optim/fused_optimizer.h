@@ -12,6 +12,7 @@
 namespace lucid {
 namespace optim {
 
+/// Implementation details of lucid::optim; not part of the API.
 namespace detail {
 class DeviceHyperCopies;
 }  // namespace detail

@@ -20,11 +20,13 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   /// Learning rate `lr` (required, as in torch::optim::SGDOptions), no momentum,
   /// dampening or weight decay.
   FusedSGDOptions(double lr);
+
  public:
   /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
   FusedSGDOptions& lr(double value);
   /// The learning rate.
   double lr() const noexcept { return lr_; }
+
  public:
   /// Sets the momentum factor (>= 0), its device copies included. Between replays of a
   /// captured step it may change, but not to or from 0 (the graph has momentum buffers
@@ -34,6 +36,7 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   double momentum() const noexcept { return momentum_; }
   /// Dampening of the momentum.
   TORCH_ARG(double, dampening) = 0;
+
  public:
   /// Sets the L2 penalty (>= 0), its device copies included.
   FusedSGDOptions& weight_decay(double value);
@@ -65,8 +68,7 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
 
 /// Per-parameter state: the step counter (float32 0-dim, on the parameter's device;
 /// 0 means the momentum buffer takes the first gradient) and the momentum buffer.
-struct FusedSGDParamState
-    : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
+struct FusedSGDParamState : public torch::optim::OptimizerCloneableParamState<FusedSGDParamState> {
   /// Updates applied so far (float32, 0-dim, on the parameter's device).
   TORCH_ARG(torch::Tensor, step);
   /// The momentum buffer (undefined until the first update with momentum).

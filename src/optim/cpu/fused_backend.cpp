@@ -3,8 +3,8 @@
 // kernels read scale and flag on the host, which is free for CPU tensors; a device flag
 // with CPU parameters (a model split over devices) has to come over once.
 
-#include "optim/cpu/fused_kernels.h"
 #include "optim/fused_backend.h"
+#include "optim/cpu/fused_kernels.h"
 
 namespace lucid {
 namespace optim {

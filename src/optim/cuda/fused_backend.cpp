@@ -4,9 +4,9 @@
 // current stream; the skip on overflow happens on the device. Compiled only against a
 // CUDA LibTorch.
 
+#include "optim/fused_backend.h"
 #include "cuda_common/table_cache.h"
 #include "optim/cuda/fused_kernels.h"
-#include "optim/fused_backend.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -32,28 +32,28 @@ void fused_step_(const std::vector<std::vector<at::Tensor>>& lists, const at::Te
   const float* found_ptr = cuda_common::float_on(found_inf, device, found_here);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const TensorTable table = cuda_common::make_table(lists);
-  C10_CUDA_CHECK(launch(table, cuda_common::element_type(first.scalar_type()), scale_ptr,
-                        found_ptr, stream));
+  C10_CUDA_CHECK(
+      launch(table, cuda_common::element_type(first.scalar_type()), scale_ptr, found_ptr, stream));
   const int steps_list = table.depth - 1;  // the counters follow the last data list
   C10_CUDA_CHECK(launch_increment_steps(table, steps_list, found_ptr, stream));
 }
 
 void table_adam_(const std::vector<std::vector<at::Tensor>>& lists, const AdamHyper& hyper,
                  const at::Tensor& scale, const at::Tensor& found_inf) {
-  fused_step_(lists, scale, found_inf, [&](const TensorTable& table, ElementType type,
-                                           const float* scale_ptr, const float* found_ptr,
-                                           cudaStream_t stream) {
-    return launch_fused_adam(table, type, hyper, scale_ptr, found_ptr, stream);
-  });
+  fused_step_(lists, scale, found_inf,
+              [&](const TensorTable& table, ElementType type, const float* scale_ptr,
+                  const float* found_ptr, cudaStream_t stream) {
+                return launch_fused_adam(table, type, hyper, scale_ptr, found_ptr, stream);
+              });
 }
 
 void table_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const SgdHyper& hyper,
                 const at::Tensor& scale, const at::Tensor& found_inf) {
-  fused_step_(lists, scale, found_inf, [&](const TensorTable& table, ElementType type,
-                                           const float* scale_ptr, const float* found_ptr,
-                                           cudaStream_t stream) {
-    return launch_fused_sgd(table, type, hyper, scale_ptr, found_ptr, stream);
-  });
+  fused_step_(lists, scale, found_inf,
+              [&](const TensorTable& table, ElementType type, const float* scale_ptr,
+                  const float* found_ptr, cudaStream_t stream) {
+                return launch_fused_sgd(table, type, hyper, scale_ptr, found_ptr, stream);
+              });
 }
 
 bool capturing(const at::Device& device) {

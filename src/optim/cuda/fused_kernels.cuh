@@ -30,7 +30,8 @@ struct AdamOp {
   __device__ static constexpr bool writes(int d) { return d != AdamList::kGrad; }
   __device__ void begin_tensor(const Table& table, int t) {
     // The step being taken: the counter is incremented by a later launch.
-    const double step = static_cast<double>(*static_cast<const float*>(table.pointer(kStepsList, t))) + 1.0;
+    const double step =
+        static_cast<double>(*static_cast<const float*>(table.pointer(kStepsList, t))) + 1.0;
     const double bc1 = 1.0 - pow(h.beta1, step);
     const double bc2 = 1.0 - pow(h.beta2, step);
     const double lr = h.live ? h.live[LiveSlot::kLr] : h.lr;
