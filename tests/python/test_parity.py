@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import lucid_amp
+import lucid_amp.optim
 
 
 class ReferenceScaler:
@@ -106,12 +107,14 @@ if TORCH_CPU_SCALER is not None:
     REFERENCES.append(("torch", TORCH_CPU_SCALER))
 
 
-def _kwargs_if_supported(cls, **kwargs):
+def _kwargs_if_supported(cls, device, **kwargs):
+    """kwargs if this PyTorch's ``cls`` takes them for a parameter on ``device``, else None."""
     try:
-        p = torch.nn.Parameter(torch.zeros(1))
-        cls([p], lr=0.1, **kwargs)
+        p = torch.nn.Parameter(torch.zeros(1, device=device))
+        p.grad = torch.zeros_like(p)
+        cls([p], lr=0.1, **kwargs).step()
         return kwargs
-    except TypeError:
+    except (TypeError, RuntimeError, ValueError):
         return None
 
 
@@ -123,25 +126,32 @@ OPTIMIZERS = {
     "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
     "rmsprop": (torch.optim.RMSprop, dict(lr=1e-3)),
     "adagrad": (torch.optim.Adagrad, dict(lr=1e-2)),
+    # PyTorch's fused AdamW: the scaler hands it the scale and the overflow flag
+    "adamw-fused": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, fused=True)),
+    "lucid-fused-adamw": (lucid_amp.optim.FusedAdamW, dict(lr=1e-2, weight_decay=0.1)),
+    "lucid-fused-sgd": (lucid_amp.optim.FusedSGD, dict(lr=0.05, momentum=0.9)),
 }
 
 
 def _optimizer(name, params):
     cls, kwargs = OPTIMIZERS[name]
-    if "foreach" in kwargs and _kwargs_if_supported(cls, foreach=kwargs["foreach"]) is None:
-        pytest.skip(f"{cls.__name__} has no foreach option in this PyTorch")
+    params = list(params)
+    for option in ("foreach", "fused"):
+        if option in kwargs and _kwargs_if_supported(cls, params[0].device, **{option: kwargs[option]}) is None:
+            pytest.skip(f"{cls.__name__} has no {option} option on {params[0].device} in this PyTorch")
     return cls(params, **kwargs)
 
 
-def make_model():
+def make_model(device="cpu"):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return model.to(device)
 
 
-def run_sequence(make_scaler, opt_names, sequence, iterations=40, **scaler_kwargs):
+def run_sequence(make_scaler, opt_names, sequence, iterations=40, device="cpu", **scaler_kwargs):
     """Runs one random sequence; returns per-iteration (scale, skips) and final params."""
     rng = random.Random(sequence)
-    model = make_model()
+    model = make_model(device)
     # one optimizer per layer group when two are asked for
     if len(opt_names) == 1:
         opts = [_optimizer(opt_names[0], model.parameters())]
@@ -156,8 +166,8 @@ def run_sequence(make_scaler, opt_names, sequence, iterations=40, **scaler_kwarg
             o.zero_grad()
         micro = 2 if rng.random() < 0.2 else 1  # gradient accumulation now and then
         for _ in range(micro):
-            x = torch.randn(4, 6, generator=data)
-            y = torch.randn(4, 2, generator=data)
+            x = torch.randn(4, 6, generator=data).to(device)
+            y = torch.randn(4, 2, generator=data).to(device)
             loss = torch.nn.functional.mse_loss(model(x), y)
             scaler.scale(loss).backward()
         r = rng.random()
@@ -200,6 +210,79 @@ def test_same_scales_skips_and_parameters(ref_name, make_ref, opt_names, sequenc
     assert any(any(skips) for _, skips in ours_trace)
     for a, b in zip(ours_params, ref_params):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("ref_name,make_ref", REFERENCES, ids=[r[0] for r in REFERENCES])
+@pytest.mark.parametrize("opt_name", ["lucid-fused-adamw", "lucid-fused-sgd", "adamw-fused"])
+def test_fused_optimizers_same_scales_skips_and_parameters(ref_name, make_ref, opt_name):
+    kw = dict(init_scale=2.0**14, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    ours_trace, ours_params = run_sequence(lambda **k: lucid_amp.GradScaler("cpu", **k),
+                                           (opt_name,), 12, **kw)
+    ref_trace, ref_params = run_sequence(make_ref, (opt_name,), 12, **kw)
+    assert ours_trace == ref_trace
+    assert any(any(skips) for _, skips in ours_trace)
+    for a, b in zip(ours_params, ref_params):
+        assert torch.equal(a, b)
+
+
+def _torch_cuda_scaler():
+    cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if cls is None or not torch.cuda.is_available():
+        return None
+    return lambda **kw: cls("cuda", **kw)
+
+
+@pytest.mark.skipif(_torch_cuda_scaler() is None,
+                    reason="needs CUDA and a PyTorch with torch.amp.GradScaler")
+@pytest.mark.parametrize("opt_names", [("sgd",), ("adam-foreach",), ("adamw-fused",),
+                                       ("lucid-fused-adamw",), ("lucid-fused-sgd",),
+                                       ("adamw-fused", "sgd-foreach")],
+                         ids=lambda names: "+".join(names))
+@pytest.mark.parametrize("sequence", [11, 12])
+def test_cuda_same_scales_skips_and_parameters_as_torch(opt_names, sequence):
+    kw = dict(init_scale=2.0**14, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    ours_trace, ours_params = run_sequence(lambda **k: lucid_amp.GradScaler("cuda", **k),
+                                           opt_names, sequence, device="cuda", **kw)
+    ref_trace, ref_params = run_sequence(_torch_cuda_scaler(), opt_names, sequence,
+                                         device="cuda", **kw)
+    assert ours_trace == ref_trace
+    assert len({s for s, _ in ours_trace}) > 2
+    assert any(any(skips) for _, skips in ours_trace)
+    for a, b in zip(ours_params, ref_params):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(_torch_cuda_scaler() is None,
+                    reason="needs CUDA and a PyTorch with torch.amp.GradScaler")
+def test_cuda_state_dict_moves_between_the_two_scalers_mid_training():
+    kw = dict(init_scale=2.0**14, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    for make_src, make_dst in [(lambda: lucid_amp.GradScaler("cuda", **kw), _torch_cuda_scaler()),
+                               (lambda: _torch_cuda_scaler()(**kw), lucid_amp.GradScaler)]:
+        src = make_src()
+        model = make_model("cuda")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for it in range(7):
+            opt.zero_grad()
+            src.scale(model(torch.ones(2, 6, device="cuda")).sum()).backward()
+            if it == 4:
+                model[0].weight.grad[0, 0] = math.inf
+            src.step(opt)
+            src.update()
+        state = src.state_dict()
+        assert set(state) >= {"scale", "growth_factor", "backoff_factor", "growth_interval",
+                              "_growth_tracker"}
+        dst = make_dst("cuda")
+        dst.load_state_dict(state)
+        assert dst.get_scale() == src.get_scale()
+        assert dst.state_dict()["_growth_tracker"] == state["_growth_tracker"]
+        # the next iterations follow the same schedule in both
+        for scaler in (src, dst):
+            for _ in range(3):
+                opt.zero_grad()
+                scaler.scale(model(torch.ones(2, 6, device="cuda")).sum()).backward()
+                scaler.step(opt)
+                scaler.update()
+        assert dst.get_scale() == src.get_scale()
 
 
 @pytest.mark.parametrize("ref_name,make_ref", REFERENCES, ids=[r[0] for r in REFERENCES])

@@ -14,6 +14,8 @@ changes nothing, step counters included. The scaler then needs no unscaling pass
 own, only a read-only finiteness check.
 """
 
+import itertools
+import operator
 from typing import Iterable, Optional, Tuple
 
 import torch
@@ -60,30 +62,87 @@ def _run_closure(closure):
         return closure()
 
 
-def _groups_to_step(optimizer):
-    """Each param group of ``optimizer`` with its parameters that have a gradient, groups
-    without any left out; ``maximize`` is refused (NotImplementedError)."""
-    name = type(optimizer).__name__
-    for group in optimizer.param_groups:
-        if group.get("maximize", False):
-            raise NotImplementedError(f"{name} has no maximize option")
-        params = _params_with_grads(group, name)
-        if params:
-            yield group, params
+class _GroupLists:
+    """One param group's kernel arguments, gathered once and kept between steps.
+
+    The state tensors are looked up (and made, or moved to the parameter's device and
+    dtype) when a group is first stepped, and kept: per step only the gradients are read
+    again. The lists are gathered anew when the group's parameters, the set of them that
+    have a gradient, or an option that picks the buffers (``amsgrad``, a zero or non-zero
+    ``momentum``) change, and after load_state_dict, add_param_group or a new
+    ``optimizer.state``. So state is changed in place (``state["exp_avg"].zero_()``); a
+    state entry replaced by assignment is picked up at the next load_state_dict.
+    """
+
+    __slots__ = ("state", "snapshot", "layout", "has_grad", "params", "lists")
+
+    def __init__(self, state, snapshot, layout, has_grad, params, lists):
+        self.state = state
+        self.snapshot = snapshot
+        self.layout = layout
+        self.has_grad = has_grad
+        self.params = params
+        self.lists = lists
+
+    def fits(self, state, params_list, layout, has_grad):
+        return (self.state is state and self.layout == layout and self.has_grad == has_grad
+                and len(self.snapshot) == len(params_list)
+                and all(map(operator.is_, self.snapshot, params_list)))
 
 
-def _params_with_grads(group, name):
-    out = []
-    for p in group["params"]:
-        if p.grad is None:
-            continue
-        if p.grad.is_sparse:
-            raise NotImplementedError(f"{name} does not support sparse gradients; use torch.optim's optimizer")
-        out.append(p)
-    return out
+class _CachedListsMixin:
+    """Keeps a _GroupLists per param group (see there); forgets them whenever torch.optim
+    rebuilds the state or the groups."""
+
+    def _group_lists(self, index, group, layout, gather):
+        """The cached lists of ``group`` (the index-th) and its current gradients;
+        ``gather(params)`` builds the state lists of the parameters that have a gradient.
+        (None, None) when no parameter of the group has one."""
+        params_list = group["params"]
+        grads = [p.grad for p in params_list]
+        has_grad = tuple(map(operator.is_not, grads, itertools.repeat(None)))
+        cache = self.__dict__.setdefault("_lucid_lists", {})
+        entry = cache.get(index)
+        if entry is None or not entry.fits(self.state, params_list, layout, has_grad):
+            params = [p for p, present in zip(params_list, has_grad) if present]
+            for i, p in enumerate(params):
+                if p.grad.is_sparse:
+                    raise NotImplementedError(
+                        f"{type(self).__name__} does not support sparse gradients (parameter "
+                        f"{i}); use torch.optim's optimizer")
+            lists = gather(params) if params else None
+            entry = _GroupLists(self.state, tuple(params_list), layout, has_grad, params, lists)
+            cache[index] = entry
+        if not entry.params:
+            return None, None
+        if len(grads) != len(entry.params):
+            grads = [g for g in grads if g is not None]
+        return entry, grads
+
+    def _forget_lists(self):
+        self.__dict__.pop("_lucid_lists", None)
+
+    def add_param_group(self, param_group):
+        self._forget_lists()
+        super().add_param_group(param_group)
+
+    def __setstate__(self, state):
+        # torch.optim's load_state_dict ends here: the state tensors are new ones
+        self._forget_lists()
+        super().__setstate__(state)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_lucid_lists", None)
+        return state
 
 
-class FusedAdam(torch.optim.Optimizer):
+def _refuse_maximize(optimizer, group):
+    if group.get("maximize", False):
+        raise NotImplementedError(f"{type(optimizer).__name__} has no maximize option")
+
+
+class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
     """torch.optim.Adam (L2 weight decay added to the gradient) in lucid-amp's fused kernel.
 
     Args as torch.optim.Adam: params, lr (1e-3), betas ((0.9, 0.999)), eps (1e-8),
@@ -120,22 +179,33 @@ class FusedAdam(torch.optim.Optimizer):
         """One update of every parameter with a gradient; a closure is evaluated first."""
         loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
-        for group, params in _groups_to_step(self):
-            exp_avg, exp_avg_sq, max_exp_avg_sq, steps = [], [], [], []
-            for p in params:
-                state = self.state[p]
-                steps.append(_step_counter(state, p))
-                exp_avg.append(_buffer(state, "exp_avg", p))
-                exp_avg_sq.append(_buffer(state, "exp_avg_sq", p))
-                if group["amsgrad"]:
-                    max_exp_avg_sq.append(_buffer(state, "max_exp_avg_sq", p))
+        for index, group in enumerate(self.param_groups):
+            _refuse_maximize(self, group)
+            amsgrad = bool(group["amsgrad"])
+            entry, grads = self._group_lists(
+                index, group, amsgrad, lambda params: self._state_lists(params, amsgrad))
+            if entry is None:
+                continue
+            exp_avg, exp_avg_sq, max_exp_avg_sq, steps = entry.lists
             beta1, beta2 = group["betas"]
-            _C._fused_adam_(params, [p.grad for p in params], exp_avg, exp_avg_sq, max_exp_avg_sq,
-                            steps, float(group["lr"]), float(beta1), float(beta2),
-                            float(group["eps"]), float(group["weight_decay"]),
-                            bool(group["amsgrad"]), self._decoupled_weight_decay,
+            _C._fused_adam_(entry.params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps,
+                            float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                            float(group["weight_decay"]), amsgrad, self._decoupled_weight_decay,
                             grad_scale, found_inf)
         return loss
+
+    def _state_lists(self, params, amsgrad):
+        """exp_avg, exp_avg_sq, max_exp_avg_sq (empty without amsgrad) and the step
+        counters of ``params``, made on first use."""
+        exp_avg, exp_avg_sq, max_exp_avg_sq, steps = [], [], [], []
+        for p in params:
+            state = self.state[p]
+            steps.append(_step_counter(state, p))
+            exp_avg.append(_buffer(state, "exp_avg", p))
+            exp_avg_sq.append(_buffer(state, "exp_avg_sq", p))
+            if amsgrad:
+                max_exp_avg_sq.append(_buffer(state, "max_exp_avg_sq", p))
+        return exp_avg, exp_avg_sq, max_exp_avg_sq, steps
 
 
 class FusedAdamW(FusedAdam):
@@ -152,7 +222,7 @@ class FusedAdamW(FusedAdam):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
 
 
-class FusedSGD(torch.optim.Optimizer):
+class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
     """torch.optim.SGD (momentum, dampening, Nesterov, weight decay) in lucid-amp's fused
     kernel.
 
@@ -188,20 +258,31 @@ class FusedSGD(torch.optim.Optimizer):
         """One update of every parameter with a gradient; a closure is evaluated first."""
         loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
-        for group, params in _groups_to_step(self):
+        for index, group in enumerate(self.param_groups):
+            _refuse_maximize(self, group)
             momentum = group["momentum"] != 0
-            buffers, steps = [], []
-            for p in params:
-                state = self.state[p]
-                # a momentum buffer loaded from torch.optim.SGD is a live one: count it
-                has_buffer = state.get("momentum_buffer") is not None
-                steps.append(_step_counter(state, p, initial=1.0 if has_buffer else 0.0))
-                if momentum:
-                    buffers.append(_buffer(state, "momentum_buffer", p))
-                elif "momentum_buffer" not in state:
-                    state["momentum_buffer"] = None  # as torch.optim.SGD keeps it
-            _C._fused_sgd_(params, [p.grad for p in params], buffers, steps, float(group["lr"]),
+            entry, grads = self._group_lists(
+                index, group, momentum, lambda params: self._state_lists(params, momentum))
+            if entry is None:
+                continue
+            buffers, steps = entry.lists
+            _C._fused_sgd_(entry.params, grads, buffers, steps, float(group["lr"]),
                            float(group["momentum"]), float(group["dampening"]),
                            float(group["weight_decay"]), bool(group["nesterov"]), grad_scale,
                            found_inf)
         return loss
+
+    def _state_lists(self, params, momentum):
+        """The momentum buffers (empty without momentum) and the step counters of
+        ``params``, made on first use."""
+        buffers, steps = [], []
+        for p in params:
+            state = self.state[p]
+            # a momentum buffer loaded from torch.optim.SGD is a live one: count it
+            has_buffer = state.get("momentum_buffer") is not None
+            steps.append(_step_counter(state, p, initial=1.0 if has_buffer else 0.0))
+            if momentum:
+                buffers.append(_buffer(state, "momentum_buffer", p))
+            elif "momentum_buffer" not in state:
+                state["momentum_buffer"] = None  # as torch.optim.SGD keeps it
+        return buffers, steps

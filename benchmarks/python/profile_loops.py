@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Where the time of bench_loops.py's Python loops goes, on one GPU: for each loop, the
+median CUDA-event time of one iteration (as bench_loops.py), the median host time of the
+call (perf_counter, no synchronisation: a host time near the event time means the loop is
+bound by the host), and the GPU kernels of 5 profiled iterations (torch.profiler) with
+their time per iteration. Usage: python3 profile_loops.py [total_parameters layers]
+"""
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from bench_loops import DEV, bench, make_params  # noqa: E402
+
+
+def host_median(fn, iters=20):
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def kernels(fn, iters=5):
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        cuda_us = getattr(e, "self_device_time_total", None)
+        if cuda_us is None:
+            cuda_us = e.self_cuda_time_total
+        if cuda_us > 0:
+            rows.append((cuda_us / iters, e.count / iters, e.key))
+    rows.sort(reverse=True)
+    return rows
+
+
+def report(name, fn):
+    ev = bench(fn)
+    host = host_median(fn)
+    print(f"\n{name}: event {ev:.3f} ms, host {host:.3f} ms", flush=True)
+    total = 0.0
+    for us, count, key in kernels(fn)[:8]:
+        total += us
+        print(f"    {us / 1e3:8.3f} ms  x{count:5.1f}  {key[:90]}", flush=True)
+    print(f"    {total / 1e3:8.3f} ms  in the kernels listed", flush=True)
+
+
+def main():
+    import lucid_amp
+    import lucid_amp.optim
+
+    total, layers = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (125_000_000, 12)
+    print("torch", torch.__version__, torch.cuda.get_device_name(), flush=True)
+    torch.manual_seed(0)
+    params = make_params(total, layers)
+    print(f"{sum(p.numel() for p in params)} parameters in {len(params)} tensors", flush=True)
+    for label, make_opt in [
+        ("torch fused AdamW", lambda: torch.optim.AdamW(params, lr=1e-3, fused=True)),
+        ("lucid_amp FusedAdamW", lambda: lucid_amp.optim.FusedAdamW(params, lr=1e-3)),
+    ]:
+        opt = make_opt()
+        report(f"{label}: bare step", opt.step)
+        for scaler_name, make_scaler in [
+            ("torch.amp.GradScaler", lambda: torch.amp.GradScaler("cuda", init_scale=1.0)),
+            ("lucid_amp.GradScaler", lambda: lucid_amp.GradScaler("cuda", init_scale=1.0)),
+        ]:
+            scaler = make_scaler()
+            scaler.scale(torch.ones((), device=DEV))
+
+            def step_update():
+                scaler.step(opt)
+                scaler.update()
+
+            report(f"{label}, {scaler_name}: step+update", step_update)
+            if hasattr(scaler, "clip_grad_norm_"):
+                def clipped():
+                    scaler.clip_grad_norm_(opt, 1.0)
+                    scaler.step(opt)
+                    scaler.update()
+            else:
+                def clipped():
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+                    scaler.step(opt)
+                    scaler.update()
+            report(f"{label}, {scaler_name}: clipped loop", clipped)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
