@@ -3,7 +3,9 @@
 median CUDA-event time of one iteration (as bench_loops.py), the median host time of the
 call (perf_counter, no synchronisation: a host time near the event time means the loop is
 bound by the host), and the GPU kernels of 5 profiled iterations (torch.profiler) with
-their time per iteration. Usage: python3 profile_loops.py [total_parameters layers]
+their time per iteration. With --detail also one iteration's timeline (host ranges and
+CUDA calls beside the GPU's kernels) and the host's cProfile per call.
+Usage: python3 profile_loops.py [--detail] [total_parameters layers]
 """
 import statistics
 import sys
@@ -43,6 +45,44 @@ def kernels(fn, iters=5):
     return rows
 
 
+def timeline(fn):
+    """One profiled iteration (after warm-up): the host's marked ranges and CUDA runtime
+    calls and the GPU's kernels and copies, in start order, in microseconds from the
+    first of them."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    keep = ("lucid.", "Optimizer.step", "cudaLaunchKernel", "cudaMemcpy", "Synchronize",
+            "cudaStreamWait", "cuLaunchKernel")
+    rows = []
+    for e in prof.events():
+        gpu = str(e.device_type).endswith("CUDA")
+        if gpu or any(k in e.name for k in keep):
+            rows.append((e.time_range.start, e.time_range.end, "GPU " if gpu else "host", e.name))
+    if not rows:
+        return
+    t0 = min(r[0] for r in rows)
+    for start, end, where, name in sorted(rows):
+        print(f"      {where} {start - t0:9.1f} .. {end - t0:9.1f}  {name[:80]}", flush=True)
+
+
+def host_profile(fn, iters=30):
+    """Host time per call of the Python functions and C++ entry points (cProfile)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:10]
+    for (path, line, func), (_, calls, tottime, cumtime, _) in rows:
+        print(f"      host {tottime / iters * 1e6:8.1f} us self {cumtime / iters * 1e6:8.1f} us total"
+              f"  x{calls / iters:5.1f}  {path.rsplit('/', 1)[-1]}:{line}({func})", flush=True)
+
+
 def report(name, fn):
     ev = bench(fn)
     host = host_median(fn)
@@ -52,10 +92,18 @@ def report(name, fn):
         total += us
         print(f"    {us / 1e3:8.3f} ms  x{count:5.1f}  {key[:90]}", flush=True)
     print(f"    {total / 1e3:8.3f} ms  in the kernels listed", flush=True)
+    if DETAIL:
+        timeline(fn)
+        host_profile(fn)
+
+
+DETAIL = "--detail" in sys.argv
 
 
 def main():
     import lucid_amp
+    if DETAIL:
+        sys.argv.remove("--detail")
     import lucid_amp.optim
 
     total, layers = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (125_000_000, 12)
@@ -77,8 +125,10 @@ def main():
             scaler.scale(torch.ones((), device=DEV))
 
             def step_update():
-                scaler.step(opt)
-                scaler.update()
+                with torch.profiler.record_function("lucid.mark scaler.step"):
+                    scaler.step(opt)
+                with torch.profiler.record_function("lucid.mark scaler.update"):
+                    scaler.update()
 
             report(f"{label}, {scaler_name}: step+update", step_update)
             if hasattr(scaler, "clip_grad_norm_"):

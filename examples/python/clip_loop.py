@@ -41,7 +41,8 @@ def main():
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=args.max_norm)
         scaler.step(optimizer)  # does not divide again
         scaler.update()
-        print(f"step {i}  loss {loss.item():.6f}  scale {scaler.get_scale():.1f}  "
+        state = "skipped" if scaler.step_skipped(optimizer) else "stepped"
+        print(f"step {i}  loss {loss.item():.6f}  scale {scaler.get_scale():.1f}  {state}  "
               f"grad norm before clipping {norm.item():.6f}")
 
 

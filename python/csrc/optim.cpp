@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// Python bindings of lucid-amp's fused optimizer kernels (lucid_amp._C._fused_adam_ and
-// _fused_sgd_), for lucid_amp.optim's torch.optim.Optimizer subclasses
-// (python/lucid_amp/optim/fused.py), which keep the state in torch.optim's form and hand
-// one param group's aligned lists over per step. Here they are checked, grouped by device
-// and dtype and launched through the same routing as lucid::optim's C++ optimizers.
+// Python bindings of lucid-amp's fused optimizer kernels (lucid_amp._C._FusedGroup), for
+// lucid_amp.optim's torch.optim.Optimizer subclasses (python/lucid_amp/optim/fused.py),
+// which keep the state in torch.optim's form. A _FusedGroup holds one param group's
+// aligned state lists, checked and grouped by device and dtype once; each step reads the
+// gradients and launches through the same routing as lucid::optim's C++ optimizers.
 
 #include "bindings.h"
 
@@ -88,69 +88,172 @@ at::Tensor or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
 }
 
-void fused_adam_(const TensorList& params, const TensorList& grads, const TensorList& exp_avg,
-                 const TensorList& exp_avg_sq, const TensorList& max_exp_avg_sq,
-                 const TensorList& steps, double lr, double beta1, double beta2, double eps,
-                 double weight_decay, bool amsgrad, bool decoupled_weight_decay,
-                 const c10::optional<at::Tensor>& grad_scale,
-                 const c10::optional<at::Tensor>& found_inf) {
-  const char* name = decoupled_weight_decay ? "FusedAdamW" : "FusedAdam";
-  std::vector<const TensorList*> states{&exp_avg, &exp_avg_sq, &steps};
-  if (amsgrad) {
-    states.push_back(&max_exp_avg_sq);
-  }
-  for (const at::Tensor& s : steps) {
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 0, name,
-                ": step counters must be float32 0-dim tensors.");
-  }
-  torch::NoGradGuard no_grad;
-  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay};
-  for (const Group& g : group_by_device_and_dtype(name, params, grads, states)) {
-    std::vector<TensorList> lists{g.bucket.params, g.bucket.grads, pick(exp_avg, g.index),
-                                  pick(exp_avg_sq, g.index)};
-    if (amsgrad) {
-      lists.push_back(pick(max_exp_avg_sq, g.index));
+// One param group of a lucid_amp.optim optimizer, its kernel arguments kept between
+// steps: the group's parameter list as Python holds it (to tell when it changed), which
+// of them had a gradient when it was built, and per device and dtype the aligned state
+// lists. A step reads only the gradients again; when the parameter list or the set of
+// parameters with a gradient no longer matches, it does nothing and returns false, and
+// Python gathers the state anew (python/lucid_amp/optim/fused.py, _GroupLists).
+class FusedGroup {
+ public:
+  // `params_list`: the group's parameters; `states`: the state lists aligned with the
+  // parameters that have a gradient now (Adam: exp_avg, exp_avg_sq, [max_exp_avg_sq],
+  // steps; SGD: [momentum_buffer], steps), step counters last.
+  FusedGroup(std::string name, const py::list& params_list, std::vector<TensorList> states)
+      : name_(std::move(name)) {
+    TensorList with_grad;
+    for (const py::handle item : params_list) {
+      const at::Tensor p = py::cast<at::Tensor>(item);
+      objects_.push_back(py::reinterpret_borrow<py::object>(item));
+      params_.push_back(p);
+      has_grad_.push_back(p.grad().defined());
+      if (has_grad_.back()) {
+        with_grad.push_back(p);
+      }
     }
-    lists.push_back(pick(steps, g.index));
-    optim::detail::launch_adam(g.bucket, lists, hyper, or_undefined(grad_scale),
-                               or_undefined(found_inf));
+    for (const at::Tensor& s : states.back()) {
+      TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 0, name_,
+                  ": step counters must be float32 0-dim tensors.");
+    }
+    std::vector<const TensorList*> checked;
+    for (const TensorList& s : states) {
+      checked.push_back(&s);
+    }
+    const TensorList grads = grads_of(with_grad);
+    for (Group& g : group_by_device_and_dtype(name_.c_str(), with_grad, grads, checked)) {
+      Kept kept{g.bucket.device, g.bucket.dtype, g.index, {}};
+      for (const TensorList& s : states) {
+        kept.states.push_back(pick(s, g.index));
+      }
+      kept_.push_back(std::move(kept));
+    }
+    with_grad_ = std::move(with_grad);
   }
-}
 
-void fused_sgd_(const TensorList& params, const TensorList& grads,
-                const TensorList& momentum_buffer, const TensorList& steps, double lr,
-                double momentum, double dampening, double weight_decay, bool nesterov,
-                const c10::optional<at::Tensor>& grad_scale,
-                const c10::optional<at::Tensor>& found_inf) {
-  const bool has_momentum = momentum != 0;
-  std::vector<const TensorList*> states{&steps};
-  if (has_momentum) {
-    states.push_back(&momentum_buffer);
+  bool adam_(const py::list& params_list, double lr, double beta1, double beta2, double eps,
+             double weight_decay, bool amsgrad, bool decoupled_weight_decay,
+             const c10::optional<at::Tensor>& grad_scale,
+             const c10::optional<at::Tensor>& found_inf) {
+    const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay};
+    return run(params_list, [&](const Bucket& bucket, const std::vector<TensorList>& lists) {
+      optim::detail::launch_adam(bucket, lists, hyper, or_undefined(grad_scale),
+                                 or_undefined(found_inf));
+    });
   }
-  for (const at::Tensor& s : steps) {
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 0,
-                "FusedSGD: step counters must be float32 0-dim tensors.");
+
+  bool sgd_(const py::list& params_list, double lr, double momentum, double dampening,
+            double weight_decay, bool nesterov, const c10::optional<at::Tensor>& grad_scale,
+            const c10::optional<at::Tensor>& found_inf) {
+    const SgdHyper hyper{lr, momentum, dampening, weight_decay, nesterov};
+    return run(params_list, [&](const Bucket& bucket, const std::vector<TensorList>& lists) {
+      optim::detail::launch_sgd(bucket, lists, hyper, or_undefined(grad_scale),
+                                or_undefined(found_inf));
+    });
   }
-  torch::NoGradGuard no_grad;
-  const SgdHyper hyper{lr, momentum, dampening, weight_decay, nesterov};
-  for (const Group& g : group_by_device_and_dtype("FusedSGD", params, grads, states)) {
-    std::vector<TensorList> lists{g.bucket.params, g.bucket.grads};
-    if (has_momentum) {
-      lists.push_back(pick(momentum_buffer, g.index));
+
+ private:
+  struct Kept {
+    at::Device device;
+    at::ScalarType dtype;
+    std::vector<size_t> index;        // into with_grad_
+    std::vector<TensorList> states;   // aligned with index
+  };
+
+  static TensorList grads_of(const TensorList& params) {
+    TensorList grads;
+    grads.reserve(params.size());
+    for (const at::Tensor& p : params) {
+      grads.push_back(p.grad());
     }
-    lists.push_back(pick(steps, g.index));
-    optim::detail::launch_sgd(g.bucket, lists, hyper, or_undefined(grad_scale),
-                              or_undefined(found_inf));
+    return grads;
   }
-}
+
+  // Whether `params_list` holds the same parameters, with gradients exactly where they
+  // were when this group was built.
+  bool matches(const py::list& params_list) const {
+    if (py::len(params_list) != objects_.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < objects_.size(); ++i) {
+      if (PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i)) != objects_[i].ptr() ||
+          params_[i].grad().defined() != has_grad_[i]) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  template <typename Launch>
+  bool run(const py::list& params_list, Launch launch) {
+    if (!matches(params_list)) {
+      return false;
+    }
+    torch::NoGradGuard no_grad;
+    const TensorList grads = grads_of(with_grad_);
+    // every gradient checked before any kernel runs
+    const std::vector<Group> groups =
+        group_by_device_and_dtype(name_.c_str(), with_grad_, grads, {});
+    // A parameter moved to another device or dtype (model.to(...)) since: gather anew.
+    if (groups.size() != kept_.size()) {
+      return false;
+    }
+    for (size_t b = 0; b < groups.size(); ++b) {
+      if (groups[b].bucket.device != kept_[b].device || groups[b].bucket.dtype != kept_[b].dtype ||
+          groups[b].index != kept_[b].index) {
+        return false;
+      }
+    }
+    for (size_t b = 0; b < groups.size(); ++b) {
+      const Group& g = groups[b];
+      const Kept& kept = kept_[b];
+      std::vector<TensorList> lists{g.bucket.params, g.bucket.grads};
+      lists.insert(lists.end(), kept.states.begin(), kept.states.end());
+      launch(g.bucket, lists);
+    }
+    return true;
+  }
+
+  std::string name_;
+  std::vector<py::object> objects_;  // the group's parameters as Python holds them
+  TensorList params_;                // the same, aligned
+  std::vector<bool> has_grad_;
+  TensorList with_grad_;             // those with a gradient when built
+  std::vector<Kept> kept_;
+};
 
 }  // namespace
 
 void bind_optim(py::module& m) {
-  m.def("_fused_adam_", torch::wrap_pybind_function(fused_adam_),
-        "One fused Adam/AdamW update of one param group's aligned lists (lucid_amp.optim).");
-  m.def("_fused_sgd_", torch::wrap_pybind_function(fused_sgd_),
-        "One fused SGD update of one param group's aligned lists (lucid_amp.optim).");
+  py::class_<FusedGroup>(m, "_FusedGroup",
+                         "One param group's kernel arguments, kept between steps "
+                         "(lucid_amp.optim).")
+      .def(py::init(torch::wrap_pybind_function(
+               [](std::string name, const py::list& params_list, std::vector<TensorList> states) {
+                 return std::make_unique<FusedGroup>(std::move(name), params_list,
+                                                     std::move(states));
+               })),
+           py::arg("name"), py::arg("params"), py::arg("states"))
+      .def("adam_",
+           torch::wrap_pybind_function(
+               [](FusedGroup& self, const py::list& params, double lr, double beta1, double beta2,
+                  double eps, double weight_decay, bool amsgrad, bool decoupled_weight_decay,
+                  const c10::optional<at::Tensor>& grad_scale,
+                  const c10::optional<at::Tensor>& found_inf) {
+                 return self.adam_(params, lr, beta1, beta2, eps, weight_decay, amsgrad,
+                                   decoupled_weight_decay, grad_scale, found_inf);
+               }),
+           "Steps the group with Adam/AdamW; false (nothing done) if its parameters or the "
+           "set of them with a gradient changed since it was built.")
+      .def("sgd_",
+           torch::wrap_pybind_function(
+               [](FusedGroup& self, const py::list& params, double lr, double momentum,
+                  double dampening, double weight_decay, bool nesterov,
+                  const c10::optional<at::Tensor>& grad_scale,
+                  const c10::optional<at::Tensor>& found_inf) {
+                 return self.sgd_(params, lr, momentum, dampening, weight_decay, nesterov,
+                                  grad_scale, found_inf);
+               }),
+           "Steps the group with SGD; false (nothing done) as adam_.");
 }
 
 }  // namespace python

@@ -185,3 +185,61 @@ def test_errors():
     q.grad = torch.ones(3).to_sparse()
     with pytest.raises(NotImplementedError, match="sparse"):
         FusedSGD([q], lr=0.1).step()
+
+
+@pytest.mark.parametrize("case", ["adamw", "sgd-momentum"])
+def test_kept_state_lists_follow_every_change_of_the_group(case):
+    """The fused optimizers keep each group's state lists between steps; every change that
+    torch.optim would see on its next step is seen here too: a parameter that gains or
+    loses a gradient, a group's parameter swapped in place, a parameter moved to float64,
+    load_state_dict, add_param_group and momentum switched on."""
+    fused_cls, torch_cls, kwargs = CASES[case]
+    a, b = make_model(), make_model()
+    opt_a, opt_b = fused_cls(a.parameters(), **kwargs), torch_cls(b.parameters(), **kwargs)
+    batches = data(12)
+
+    def step_both(i, x, y, drop_bias=False):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(m(x.to(m[0].weight.dtype)), y.to(m[0].weight.dtype)).backward()
+            if drop_bias:
+                m[2].bias.grad = None
+            o.step()
+
+    for i, (x, y) in enumerate(batches[:3]):
+        step_both(i, x, y, drop_bias=i == 1)  # loses, then regains a gradient
+    # a parameter of the group swapped in place for a fresh one (same list object)
+    for m, o in ((a, opt_a), (b, opt_b)):
+        fresh = torch.nn.Parameter(m[2].weight.detach().clone() * 0.5)
+        o.state.pop(m[2].weight, None)  # torch.optim's state_dict needs no orphan state
+        m[2].weight = fresh
+        o.param_groups[0]["params"][2] = fresh
+    for i, (x, y) in enumerate(batches[3:5]):
+        step_both(i, x, y)
+    # load_state_dict: the fused optimizer continues from the torch one's state
+    opt_a.load_state_dict(opt_b.state_dict())
+    a.load_state_dict(b.state_dict())
+    for i, (x, y) in enumerate(batches[5:7]):
+        step_both(i, x, y)
+    # a new group
+    extra_a = torch.nn.Parameter(torch.ones(3))
+    extra_b = torch.nn.Parameter(torch.ones(3))
+    opt_a.add_param_group({"params": [extra_a]})
+    opt_b.add_param_group({"params": [extra_b]})
+    for x, y in batches[7:9]:
+        for m, o, e in ((a, opt_a, extra_a), (b, opt_b, extra_b)):
+            o.zero_grad(set_to_none=True)
+            (torch.nn.functional.mse_loss(m(x), y) + (e * e).sum()).backward()
+            o.step()
+    # every parameter moved to float64 in place (model.to keeps the Parameter objects)
+    for m in (a, b):
+        m.to(torch.float64)
+    for st in opt_b.state.values():  # torch.optim leaves its state as it is: move it by hand
+        for key, value in st.items():
+            if torch.is_tensor(value) and key != "step":
+                st[key] = value.double()
+    for i, (x, y) in enumerate(batches[9:12]):
+        step_both(i, x, y)
+    for p, q in zip(list(a.parameters()) + [extra_a], list(b.parameters()) + [extra_b]):
+        assert p.dtype == q.dtype
+        torch.testing.assert_close(p, q, **TOL)

@@ -256,9 +256,10 @@ def test_cuda_same_scales_skips_and_parameters_as_torch(opt_names, sequence):
                     reason="needs CUDA and a PyTorch with torch.amp.GradScaler")
 def test_cuda_state_dict_moves_between_the_two_scalers_mid_training():
     kw = dict(init_scale=2.0**14, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
-    for make_src, make_dst in [(lambda: lucid_amp.GradScaler("cuda", **kw), _torch_cuda_scaler()),
-                               (lambda: _torch_cuda_scaler()(**kw), lucid_amp.GradScaler)]:
-        src = make_src()
+    torch_scaler = _torch_cuda_scaler()
+    lucid_scaler = lambda **k: lucid_amp.GradScaler("cuda", **k)
+    for make_src, make_dst in [(lucid_scaler, torch_scaler), (torch_scaler, lucid_scaler)]:
+        src = make_src(**kw)
         model = make_model("cuda")
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         for it in range(7):
@@ -271,7 +272,7 @@ def test_cuda_state_dict_moves_between_the_two_scalers_mid_training():
         state = src.state_dict()
         assert set(state) >= {"scale", "growth_factor", "backoff_factor", "growth_interval",
                               "_growth_tracker"}
-        dst = make_dst("cuda")
+        dst = make_dst()
         dst.load_state_dict(state)
         assert dst.get_scale() == src.get_scale()
         assert dst.state_dict()["_growth_tracker"] == state["_growth_tracker"]

@@ -14,8 +14,6 @@ changes nothing, step counters included. The scaler then needs no unscaling pass
 own, only a read-only finiteness check.
 """
 
-import itertools
-import operator
 from typing import Iterable, Optional, Tuple
 
 import torch
@@ -62,65 +60,43 @@ def _run_closure(closure):
         return closure()
 
 
-class _GroupLists:
-    """One param group's kernel arguments, gathered once and kept between steps.
+class _CachedListsMixin:
+    """Keeps one param group's kernel arguments between steps (lucid_amp._C._FusedGroup).
 
     The state tensors are looked up (and made, or moved to the parameter's device and
-    dtype) when a group is first stepped, and kept: per step only the gradients are read
-    again. The lists are gathered anew when the group's parameters, the set of them that
-    have a gradient, or an option that picks the buffers (``amsgrad``, a zero or non-zero
-    ``momentum``) change, and after load_state_dict, add_param_group or a new
-    ``optimizer.state``. So state is changed in place (``state["exp_avg"].zero_()``); a
+    dtype) when a group is first stepped, and kept: a step reads only the gradients again.
+    They are gathered anew when the group's parameters, the set of them that have a
+    gradient, their devices or dtypes, or an option that picks the buffers (``amsgrad``, a
+    zero or non-zero ``momentum``) change, and after load_state_dict, add_param_group or a
+    new ``optimizer.state``. So state is changed in place (``state["exp_avg"].zero_()``); a
     state entry replaced by assignment is picked up at the next load_state_dict.
     """
 
-    __slots__ = ("state", "snapshot", "layout", "has_grad", "params", "lists")
-
-    def __init__(self, state, snapshot, layout, has_grad, params, lists):
-        self.state = state
-        self.snapshot = snapshot
-        self.layout = layout
-        self.has_grad = has_grad
-        self.params = params
-        self.lists = lists
-
-    def fits(self, state, params_list, layout, has_grad):
-        return (self.state is state and self.layout == layout and self.has_grad == has_grad
-                and len(self.snapshot) == len(params_list)
-                and all(map(operator.is_, self.snapshot, params_list)))
-
-
-class _CachedListsMixin:
-    """Keeps a _GroupLists per param group (see there); forgets them whenever torch.optim
-    rebuilds the state or the groups."""
-
-    def _group_lists(self, index, group, layout, gather):
-        """The cached lists of ``group`` (the index-th) and its current gradients;
-        ``gather(params)`` builds the state lists of the parameters that have a gradient.
-        (None, None) when no parameter of the group has one."""
-        params_list = group["params"]
-        grads = [p.grad for p in params_list]
-        has_grad = tuple(map(operator.is_not, grads, itertools.repeat(None)))
-        cache = self.__dict__.setdefault("_lucid_lists", {})
+    def _step_group(self, index, group, layout, gather, launch):
+        """Runs ``launch(fused_group)`` for the index-th param group, with the kept
+        _FusedGroup, gathered anew (``gather(params)``: the state lists of the parameters
+        that have a gradient, step counters last) when ``launch`` reports it stale."""
+        cache = self.__dict__.setdefault("_lucid_groups", {})
         entry = cache.get(index)
-        if entry is None or not entry.fits(self.state, params_list, layout, has_grad):
-            params = [p for p, present in zip(params_list, has_grad) if present]
-            for i, p in enumerate(params):
-                if p.grad.is_sparse:
-                    raise NotImplementedError(
-                        f"{type(self).__name__} does not support sparse gradients (parameter "
-                        f"{i}); use torch.optim's optimizer")
-            lists = gather(params) if params else None
-            entry = _GroupLists(self.state, tuple(params_list), layout, has_grad, params, lists)
-            cache[index] = entry
-        if not entry.params:
-            return None, None
-        if len(grads) != len(entry.params):
-            grads = [g for g in grads if g is not None]
-        return entry, grads
+        if entry is not None and entry[0] is self.state and entry[1] == layout and launch(entry[2]):
+            return
+        params_list = group["params"]
+        params = [p for p in params_list if p.grad is not None]
+        for i, p in enumerate(params):
+            if p.grad.is_sparse:
+                raise NotImplementedError(
+                    f"{type(self).__name__} does not support sparse gradients (parameter "
+                    f"{i}); use torch.optim's optimizer")
+        if not params:
+            cache.pop(index, None)
+            return
+        fused = _C._FusedGroup(type(self).__name__, params_list, gather(params))
+        cache[index] = (self.state, layout, fused)
+        if not launch(fused):
+            raise RuntimeError(f"{type(self).__name__}: the parameters changed during step()")
 
     def _forget_lists(self):
-        self.__dict__.pop("_lucid_lists", None)
+        self.__dict__.pop("_lucid_groups", None)
 
     def add_param_group(self, param_group):
         self._forget_lists()
@@ -133,7 +109,7 @@ class _CachedListsMixin:
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.pop("_lucid_lists", None)
+        state.pop("_lucid_groups", None)
         return state
 
 
@@ -179,24 +155,22 @@ class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
         """One update of every parameter with a gradient; a closure is evaluated first."""
         loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
+        decoupled = self._decoupled_weight_decay
         for index, group in enumerate(self.param_groups):
             _refuse_maximize(self, group)
             amsgrad = bool(group["amsgrad"])
-            entry, grads = self._group_lists(
-                index, group, amsgrad, lambda params: self._state_lists(params, amsgrad))
-            if entry is None:
-                continue
-            exp_avg, exp_avg_sq, max_exp_avg_sq, steps = entry.lists
             beta1, beta2 = group["betas"]
-            _C._fused_adam_(entry.params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps,
-                            float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                            float(group["weight_decay"]), amsgrad, self._decoupled_weight_decay,
-                            grad_scale, found_inf)
+            hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                     float(group["weight_decay"]), amsgrad, decoupled, grad_scale, found_inf)
+            params_list = group["params"]
+            self._step_group(index, group, amsgrad,
+                             lambda params: self._state_lists(params, amsgrad),
+                             lambda fused: fused.adam_(params_list, *hyper))
         return loss
 
     def _state_lists(self, params, amsgrad):
-        """exp_avg, exp_avg_sq, max_exp_avg_sq (empty without amsgrad) and the step
-        counters of ``params``, made on first use."""
+        """exp_avg, exp_avg_sq, max_exp_avg_sq (with amsgrad) and the step counters of
+        ``params`` in the kernel's order, made on first use."""
         exp_avg, exp_avg_sq, max_exp_avg_sq, steps = [], [], [], []
         for p in params:
             state = self.state[p]
@@ -205,7 +179,9 @@ class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
             exp_avg_sq.append(_buffer(state, "exp_avg_sq", p))
             if amsgrad:
                 max_exp_avg_sq.append(_buffer(state, "max_exp_avg_sq", p))
-        return exp_avg, exp_avg_sq, max_exp_avg_sq, steps
+        if amsgrad:
+            return [exp_avg, exp_avg_sq, max_exp_avg_sq, steps]
+        return [exp_avg, exp_avg_sq, steps]
 
 
 class FusedAdamW(FusedAdam):
@@ -261,20 +237,17 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             _refuse_maximize(self, group)
             momentum = group["momentum"] != 0
-            entry, grads = self._group_lists(
-                index, group, momentum, lambda params: self._state_lists(params, momentum))
-            if entry is None:
-                continue
-            buffers, steps = entry.lists
-            _C._fused_sgd_(entry.params, grads, buffers, steps, float(group["lr"]),
-                           float(group["momentum"]), float(group["dampening"]),
-                           float(group["weight_decay"]), bool(group["nesterov"]), grad_scale,
-                           found_inf)
+            hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
+                     float(group["weight_decay"]), bool(group["nesterov"]), grad_scale, found_inf)
+            params_list = group["params"]
+            self._step_group(index, group, momentum,
+                             lambda params: self._state_lists(params, momentum),
+                             lambda fused: fused.sgd_(params_list, *hyper))
         return loss
 
     def _state_lists(self, params, momentum):
-        """The momentum buffers (empty without momentum) and the step counters of
-        ``params``, made on first use."""
+        """The momentum buffers (with momentum) and the step counters of ``params``, made
+        on first use."""
         buffers, steps = [], []
         for p in params:
             state = self.state[p]
@@ -285,4 +258,4 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
                 buffers.append(_buffer(state, "momentum_buffer", p))
             elif "momentum_buffer" not in state:
                 state["momentum_buffer"] = None  # as torch.optim.SGD keeps it
-        return buffers, steps
+        return [buffers, steps] if momentum else [steps]
