@@ -112,11 +112,15 @@ ScalerCounters GradScaler::counters() const {
   return const_cast<detail::ScalerCore&>(core_()).counters();
 }
 
+// step_skipped and last_overflow are logically const as counters(): they may read the
+// outcome of a deferred step, which the device decided already.
 bool GradScaler::step_skipped(const torch::optim::Optimizer& optimizer) const {
-  return core_().step_skipped(&optimizer);
+  return const_cast<detail::ScalerCore&>(core_()).step_skipped(&optimizer);
 }
 
-bool GradScaler::step_skipped(const void* key) const { return core_().step_skipped(key); }
+bool GradScaler::step_skipped(const void* key) const {
+  return const_cast<detail::ScalerCore&>(core_()).step_skipped(key);
+}
 
 torch::Tensor GradScaler::found_inf(const torch::optim::Optimizer& optimizer) const {
   return core_().found_inf(&optimizer);
@@ -134,7 +138,7 @@ bool GradScaler::overflowed(const torch::optim::Optimizer& optimizer) {
 bool GradScaler::overflowed(const OptimizerView& view) { return core_().overflowed(view); }
 
 const std::optional<OverflowReport>& GradScaler::last_overflow() const {
-  return core_().last_overflow();
+  return const_cast<detail::ScalerCore&>(core_()).last_overflow();
 }
 
 void GradScaler::set_backoff_callback(BackoffCallback callback) {

@@ -43,22 +43,40 @@ bool OptimizerRecords::any_checked() const {
   return false;
 }
 
-at::Tensor OptimizerRecords::combined_found_inf(bool* all_read, bool* any_found) const {
-  // One optimizer's flag is used as it is, with no kernel: a launch here comes after
-  // step's read of the flag, with the device idle, so it would show in a step's time.
-  at::Tensor combined;
+bool OptimizerRecords::any_deferred() const {
+  for (const auto& entry : records_) {
+    if (entry.second.outcome_deferred) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void OptimizerRecords::read_summary(bool* all_read, bool* any_found) const {
   bool read = true;
   bool found = false;
   for (const auto& entry : records_) {
     const OptimizerRecord& r = entry.second;
     if (r.found_inf.defined()) {
-      combined = combined.defined() ? at::maximum(combined, r.found_inf) : r.found_inf;
       read = read && r.found_inf_read;
       found = found || r.found_inf_value;
     }
   }
   *all_read = read;
   *any_found = found;
+}
+
+at::Tensor OptimizerRecords::combined_found_inf(bool* all_read, bool* any_found) const {
+  // One optimizer's flag is used as it is, with no kernel: a launch here comes after
+  // step's read of the flag, with the device idle, so it would show in a step's time.
+  at::Tensor combined;
+  for (const auto& entry : records_) {
+    const OptimizerRecord& r = entry.second;
+    if (r.found_inf.defined()) {
+      combined = combined.defined() ? at::maximum(combined, r.found_inf) : r.found_inf;
+    }
+  }
+  read_summary(all_read, any_found);
   return combined;
 }
 

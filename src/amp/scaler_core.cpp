@@ -275,6 +275,15 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
     }
     return true;
   }
+  if (view.defer_outcome) {
+    record.outcome_deferred = true;
+    record.deferred_key = view.key;
+    record.deferred_params.clear();
+    for (const c10::ArrayRef<at::Tensor> group : view.param_groups) {
+      record.deferred_params.emplace_back(group.begin(), group.end());
+    }
+    return true;
+  }
   // Read after the launch: the step was already skipped on the device if needed, the
   // flag only tells the caller.
   const bool overflow = read_found_inf_(&view, record);
@@ -282,7 +291,8 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   return !overflow;
 }
 
-bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& record) {
+bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& record,
+                                 const at::Tensor& scale_at_step) {
   if (!record.found_inf.defined()) {
     return false;  // no scale yet, so nothing was unscaled: clean
   }
@@ -290,10 +300,37 @@ bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& rec
     record.found_inf_value = record.found_inf.item<float>() != 0.0f;
     record.found_inf_read = true;
     if (record.found_inf_value) {
-      diagnostics_.note_overflow(view, schedule_.value());
+      diagnostics_.note_overflow(view, scale_at_step.defined()
+                                           ? static_cast<double>(scale_at_step.item<float>())
+                                           : schedule_.value());
     }
   }
   return record.found_inf_value;
+}
+
+void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {
+  records_.for_each([this, &scale_at_step](OptimizerRecord& record) {
+    if (!record.outcome_deferred) {
+      return;
+    }
+    OptimizerView view;
+    view.key = record.deferred_key;
+    view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
+    const bool overflow = read_found_inf_(&view, record, scale_at_step);
+    diagnostics_.note_step(view.key, overflow);
+    record.outcome_deferred = false;
+    record.deferred_params.clear();
+  });
+}
+
+bool ScalerCore::step_skipped(const void* key) {
+  resolve_deferred_steps_();
+  return diagnostics_.step_skipped(key);
+}
+
+const std::optional<OverflowReport>& ScalerCore::last_overflow() {
+  resolve_deferred_steps_();
+  return diagnostics_.last_overflow();
 }
 
 void ScalerCore::update(std::optional<double> new_scale) {
@@ -301,6 +338,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
     return;
   }
   if (new_scale.has_value()) {
+    resolve_deferred_steps_();
     const float value = checked_scale(*new_scale, "update(new_scale)");
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
@@ -311,6 +349,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
   // No growth without evidence: an iteration in which no optimizer's gradients were
   // checked says nothing about the scale (PyTorch raises here; strict_inf_checks does too).
   if (!records_.any_checked()) {
+    resolve_deferred_steps_();
     TORCH_CHECK(!options().strict_inf_checks(),
                 "No inf checks were recorded prior to update(): no optimizer had a gradient "
                 "since the last update(). Nothing was changed. Call step(optimizer) after "
@@ -333,6 +372,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
                               static_cast<bool>(diagnostics_.backoff_callback());
   if (decide_on_host) {
+    resolve_deferred_steps_();
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
     // inspected (the report counts it as uninspected); the flag is ours.
     records_.for_each([this](OptimizerRecord& r) { read_found_inf_(nullptr, r); });
@@ -355,8 +395,15 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
       diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
                                        schedule_.overflow_tracker(), opts);
     }
+    // A deferred step's report names the scale its gradients were divided by: kept on
+    // the device (one copy) before the update changes it.
+    const at::Tensor scale_at_step =
+        !count_on_device && records_.any_deferred() ? schedule_.scale().clone() : at::Tensor();
     schedule_.advance(found_inf);
     if (!count_on_device) {
+      // The deferred flags are read only now, with this update queued behind the steps.
+      resolve_deferred_steps_(scale_at_step);
+      records_.read_summary(&known, &found);
       diagnostics_.note_schedule_update(known, found, found_inf, opts);
     }
     return std::nullopt;
@@ -421,7 +468,10 @@ OptimizerStage ScalerCore::stage(const void* key) const {
   return record == nullptr ? OptimizerStage::kReady : record->stage;
 }
 
-ScalerCounters ScalerCore::counters() { return diagnostics_.all_counters(options()); }
+ScalerCounters ScalerCore::counters() {
+  resolve_deferred_steps_();
+  return diagnostics_.all_counters(options());
+}
 
 at::Tensor ScalerCore::found_inf(const void* key) const {
   const OptimizerRecord* record = records_.find(key);

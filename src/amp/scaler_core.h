@@ -51,15 +51,14 @@ class ScalerCore {
   void set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook = nullptr);
 
   // Diagnostics.
+  // These three read the outcome of deferred steps first (OptimizerView::defer_outcome).
   ScalerCounters counters();
-  bool step_skipped(const void* key) const { return diagnostics_.step_skipped(key); }
+  bool step_skipped(const void* key);
   // The overflow flag of this iteration for the optimizer with key `key` (float32, 0-dim,
   // on the scale's device, unread); throws when it has none since the last update().
   at::Tensor found_inf(const void* key) const;
   bool overflowed(const OptimizerView& view);
-  const std::optional<OverflowReport>& last_overflow() const {
-    return diagnostics_.last_overflow();
-  }
+  const std::optional<OverflowReport>& last_overflow();
   ScalerDiagnostics& diagnostics() { return diagnostics_; }
 
   // State I/O (serialize.cpp): the schedule as it stands, and a validated replacement
@@ -74,7 +73,14 @@ class ScalerCore {
   void record_overflow_(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
   bool step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record);
   // Reads the record's flag once; `view` is null where the optimizer may be gone.
-  bool read_found_inf_(const OptimizerView* view, OptimizerRecord& record);
+  // `scale_at_step`: the scale the gradients were divided by, where the schedule has moved
+  // on since (undefined: the current one).
+  bool read_found_inf_(const OptimizerView* view, OptimizerRecord& record,
+                       const at::Tensor& scale_at_step = {});
+  // Reads the flags of the steps whose outcome was deferred and counts them (one host
+  // read per optimizer, the first of which waits for the device); `scale_at_step` as
+  // above.
+  void resolve_deferred_steps_(const at::Tensor& scale_at_step = {});
   std::optional<BackoffEvent> update_on_device_();
   // Throws when this overflowing update reaches max_overflow_streak.
   void check_overflow_streak_() const;

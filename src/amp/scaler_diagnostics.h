@@ -8,7 +8,11 @@
 // The default path must not wait for the device more than it has to (NOTE: [Scaler state
 // on the device]): step() reads one flag per optimizer, update() reads nothing. So every
 // number here comes from what the host knows already, or is read when it is asked for:
-// - steps_taken / steps_skipped / step_skipped(): decided in step(), which read the flag.
+// - steps_taken / steps_skipped / step_skipped(): decided in step(), which read the flag;
+//   for a step whose view defers its outcome (OptimizerView::defer_outcome: a scaler-aware
+//   optimizer skips on the device anyway), by update() right after queueing its kernel,
+//   or by whichever query comes first; the report is built then, from the gradients the
+//   record kept.
 // - The overflow report: built where the host learns of an overflow (step() skipping,
 //   overflowed()). It is the slow path: per-gradient NaN and inf counts, read once per
 //   device, and the scale. A guarded update() that reads an unscale_-only optimizer's

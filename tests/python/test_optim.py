@@ -243,3 +243,33 @@ def test_kept_state_lists_follow_every_change_of_the_group(case):
     for p, q in zip(list(a.parameters()) + [extra_a], list(b.parameters()) + [extra_b]):
         assert p.dtype == q.dtype
         torch.testing.assert_close(p, q, **TOL)
+
+
+def test_a_scaler_aware_step_is_reported_when_asked_before_or_after_update():
+    """With a scaler-aware optimizer the scaler's step does not wait for the device; the
+    outcome is read at update() or when asked for, and names the parameter either way."""
+    for ask_before_update in (True, False):
+        model = make_model()
+        opt = FusedAdamW(model.parameters(), lr=1e-2)
+        scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler.set_parameter_names(model.named_parameters())
+        outcomes = []
+        for i, (x, y) in enumerate(data(4)):
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            if i == 2:
+                model[2].bias.grad[1] = math.nan
+            scaler.step(opt)
+            if ask_before_update:
+                outcomes.append(scaler.step_skipped(opt))
+                if i == 2:
+                    assert scaler.last_overflow().gradients[0].name == "2.bias"
+            scaler.update()
+            if not ask_before_update:
+                outcomes.append(scaler.step_skipped(opt))
+        assert outcomes == [False, False, True, False]
+        counters = scaler.counters()
+        assert (counters.steps_taken, counters.steps_skipped, counters.backoffs) == (3, 1, 1)
+        report = scaler.last_overflow()
+        assert [(g.name, g.nan_count) for g in report.gradients] == [("2.bias", 1)]
+        assert report.iteration == 2 and report.scale == 2.0**10
