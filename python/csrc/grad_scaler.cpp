@@ -291,13 +291,26 @@ void bind_grad_scaler(py::module& m) {
       // fn(found_inf) with each optimizer's overflow flag (float32, 0-dim, on the scale's
       // device), before anything reads it; fn may change it in place (an all-reduce).
       // None removes it.
-      .def("set_found_inf_hook", torch::wrap_pybind_function([](GradScaler& self, py::object fn) {
+      // fn(found_inf); norm_fn(found_inf, norm_partial, norm_type) or None: both change
+      // their tensors in place (amp::FoundInfHook, amp::FoundInfNormHook).
+      .def("set_found_inf_hook",
+           torch::wrap_pybind_function([](GradScaler& self, py::object fn, py::object norm_fn) {
              if (fn.is_none()) {
+               TORCH_CHECK_VALUE(norm_fn.is_none(),
+                                 "set_found_inf_hook: a norm hook needs a found-inf hook too.");
                self.set_found_inf_hook(nullptr);
                return;
              }
-             self.set_found_inf_hook([fn](at::Tensor& found_inf) { fn(found_inf); });
-           }))
+             amp::FoundInfNormHook norm_hook;
+             if (!norm_fn.is_none()) {
+               norm_hook = [norm_fn](at::Tensor& found_inf, at::Tensor& partial, double norm_type) {
+                 norm_fn(found_inf, partial, norm_type);
+               };
+             }
+             self.set_found_inf_hook([fn](at::Tensor& found_inf) { fn(found_inf); },
+                                     std::move(norm_hook));
+           }),
+           py::arg("fn"), py::arg("norm_fn") = py::none())
       .def("set_parameter_name",
            torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& parameter, const std::string& name) {
              self.set_parameter_name(parameter, name);

@@ -12,6 +12,7 @@ CPU scale, NCCL for a CUDA one. As for the C++ binding (lucid::distributed), eve
 calls scale() each iteration and unscales/steps the same optimizers in the same order.
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -23,7 +24,7 @@ __all__ = ["bind_to_group", "unbind"]
 
 
 class OverflowAgreement:
-    """The hook bind_to_group installs; counts its all-reduces."""
+    """The hooks bind_to_group installs; counts its all-reduces."""
 
     def __init__(self, group: Optional["dist.ProcessGroup"]) -> None:
         self.group = group
@@ -33,15 +34,41 @@ class OverflowAgreement:
         dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self.group)
         self.all_reduces += 1
 
+    def agree_with_norm(self, found_inf: torch.Tensor, partial: torch.Tensor, norm_type: float) -> None:
+        """Sharded clip_grad_norm_: the flag and the norm's partial in one all-reduce. For
+        a finite p, [flag, partial] with SUM: the flags' sum is non-zero exactly when a rank
+        overflowed, and the partials (sums of |g|**p over disjoint shards) add up to the
+        partial of all gradients. For inf, MAX; a backend's MAX need not keep NaN (Gloo's
+        does not, reliably), so a NaN partial travels as 0 beside a marker and comes back
+        as NaN on every rank. Nothing is read back to the host."""
+        if math.isinf(norm_type):
+            nan = torch.isnan(partial)
+            buf = torch.stack([found_inf, torch.where(nan, torch.zeros_like(partial), partial),
+                               nan.to(partial.dtype)])
+            dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
+            combined = torch.where(buf[2] > 0, torch.full_like(buf[1], math.nan), buf[1])
+        else:
+            buf = torch.stack([found_inf, partial])
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+            combined = buf[1]
+        found_inf.copy_((buf[0] != 0).to(found_inf.dtype))
+        partial.copy_(combined)
+        self.all_reduces += 1
 
-def bind_to_group(scaler: GradScaler, group: Optional["dist.ProcessGroup"] = None) -> OverflowAgreement:
+
+def bind_to_group(scaler: GradScaler, group: Optional["dist.ProcessGroup"] = None, *,
+                  sharded: bool = False) -> OverflowAgreement:
     """Makes ``scaler`` agree on overflow with the same scaler on every rank of ``group``
-    (None: the default group). Returns the agreement (``all_reduces`` counts them)."""
+    (None: the default group). ``sharded``: each rank owns a part of the parameters
+    (ZeRO/FSDP-like), and ``scaler.clip_grad_norm_`` clips by the norm over every rank's
+    gradients, its partial travelling in the flag's all-reduce (still one per optimizer
+    and iteration). Data-parallel runs, whose gradients are replicated, leave it off.
+    Returns the agreement (``all_reduces`` counts them)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("lucid_amp.distributed.bind_to_group: torch.distributed is not initialized; "
                            "call torch.distributed.init_process_group first.")
     agreement = OverflowAgreement(group)
-    scaler.set_found_inf_hook(agreement)
+    scaler.set_found_inf_hook(agreement, agreement.agree_with_norm if sharded else None)
     return agreement
 
 

@@ -502,12 +502,21 @@ class GradScaler:
 
         self._core.set_backoff_callback(call)
 
-    def set_found_inf_hook(self, fn: Optional[Callable[[torch.Tensor], None]]) -> None:
+    def set_found_inf_hook(
+        self,
+        fn: Optional[Callable[[torch.Tensor], None]],
+        norm_fn: Optional[Callable[[torch.Tensor, torch.Tensor, float], None]] = None,
+    ) -> None:
         """``fn(found_inf)`` is called with each optimizer's overflow flag (a float32
         0-dim tensor on the scale's device; non-zero means overflow) each time unscale_ or
         step computes it, before anything reads it; ``fn`` may change it in place.
-        lucid_amp.distributed.bind_to_group uses it. None removes it."""
-        self._core.set_found_inf_hook(fn)
+        ``norm_fn(found_inf, norm_partial, norm_type)``, if given, is what clip_grad_norm_
+        calls instead, with the flag and the partial of the norm (the sum of ``|g|**p``, or
+        the largest ``|g|`` for inf; float32 0-dim), both to be changed in place: a rank that
+        owns a shard of the parameters combines them across ranks there, and clips by the
+        norm of all of them. lucid_amp.distributed.bind_to_group uses it. ``fn=None``
+        removes both (a ``norm_fn`` alone raises ValueError)."""
+        self._core.set_found_inf_hook(fn, norm_fn)
 
     def stage(self, optimizer: torch.optim.Optimizer) -> str:
         """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""

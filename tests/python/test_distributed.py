@@ -3,6 +3,7 @@
 agreement they drift apart (the test can tell)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,3 +54,21 @@ def test_without_the_agreement_the_ranks_drift_apart(tmp_path):
     assert r0["skips"][3] is False and r1["skips"][3] is True
     assert r0["scales"] != r1["scales"]
     assert r0["checksum"] != r1["checksum"]
+
+
+def test_sharded_ranks_clip_by_the_norm_of_all_gradients(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    (alone,) = run_ranks(tmp_path / "one", "sharded", world=1)
+    r0, r1 = run_ranks(tmp_path / "two", "sharded", world=2)
+    assert r0["skips"] == r1["skips"] == alone["skips"]
+    assert alone["skips"][3] and sum(alone["skips"]) == 1
+    for r in (r0, r1):
+        finite = [(a, b) for a, b in zip(r["norms"], alone["norms"]) if math.isfinite(b)]
+        assert len(finite) == 7
+        for a, b in finite:
+            assert a == pytest.approx(b, rel=1e-6)
+        assert not math.isfinite(r["norms"][3])
+        assert r["scale"] == alone["scale"]
+        assert r["checksum"] == pytest.approx(alone["checksum"], rel=1e-6)
+        assert r["all_reduces"] == 8  # one per iteration: step uses clip_grad_norm_'s flag
