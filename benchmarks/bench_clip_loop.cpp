@@ -18,8 +18,9 @@
 #include <lucid/optim.h>
 #include <torch/torch.h>
 
+#include "support/bench_support.h"
+
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -28,44 +29,18 @@
 
 namespace {
 
-// A transformer-like mix of parameter sizes (d=768), repeated until `total` elements,
-// each with a gradient.
+// A transformer-like mix of parameter sizes, each with a gradient.
 std::vector<torch::Tensor> model_like_parameters(int64_t total, const torch::Device& device) {
-  const std::vector<int64_t> shapes = {768 * 768 * 3, 768 * 3,    768 * 768, 768,        768,
-                                       768,           768 * 3072, 3072,      3072 * 768, 768};
   std::vector<torch::Tensor> params;
-  int64_t placed = 0;
-  for (size_t i = 0; placed < total; ++i) {
-    const int64_t n = std::min(shapes[i % shapes.size()], total - placed);
+  for (const int64_t n : lucid::bench::model_like_sizes(total)) {
     auto p = torch::randn({n}, device).requires_grad_(true);
     p.mutable_grad() = torch::randn({n}, device) * 1e-3;
     params.push_back(p);
-    placed += n;
   }
   return params;
 }
 
-double median_ms(const std::function<void()>& fn, const torch::Device& device, int reps) {
-  auto sync = [&] {
-    if (device.is_cuda()) {
-      torch::cuda::synchronize();
-    }
-  };
-  for (int i = 0; i < 3; ++i) {
-    fn();
-  }
-  sync();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                     .count());
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
-}
+using lucid::bench::median_ms;
 
 using MakeOptimizer =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;

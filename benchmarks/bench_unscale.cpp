@@ -13,9 +13,9 @@
 #include <torch/torch.h>
 
 #include "amp/kernel_routing.h"
+#include "support/bench_support.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -23,39 +23,17 @@
 
 namespace {
 
-// A transformer-like mix of tensor sizes (d=768), repeated until `total` elements.
+// A transformer-like mix of tensor sizes.
 std::vector<torch::Tensor> model_like_gradients(int64_t total, const torch::Device& device) {
-  const std::vector<int64_t> shapes = {768 * 768 * 3, 768 * 3, 768 * 768, 768, 768,
-                                       768,           768 * 3072, 3072,   3072 * 768, 768};
   std::vector<torch::Tensor> grads;
-  int64_t placed = 0;
-  for (size_t i = 0; placed < total; ++i) {
-    const int64_t n = std::min(shapes[i % shapes.size()], total - placed);
+  for (const int64_t n : lucid::bench::model_like_sizes(total)) {
     grads.push_back(torch::randn({n}, device));
-    placed += n;
   }
   return grads;
 }
 
 double median_seconds(const std::function<void()>& fn, const torch::Device& device, int reps) {
-  auto sync = [&] {
-    if (device.is_cuda()) {
-      torch::cuda::synchronize();
-    }
-  };
-  for (int i = 0; i < 3; ++i) {
-    fn();
-  }
-  sync();
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return lucid::bench::median_ms(fn, device, reps) / 1e3;
 }
 
 }  // namespace
