@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "support/syncs_are_errors.h"
 #endif
 
 #include <functional>
@@ -162,15 +164,7 @@ TEST_F(Cuda, GenericBackendForcedOnTheGpuGivesTheSameResults) {
 }
 
 #ifdef LUCID_AMP_WITH_CUDA
-// With CUDA's sync debug mode set to error, any host synchronisation throws.
-struct SyncsAreErrors {
-  SyncsAreErrors() {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~SyncsAreErrors() {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  }
-};
+using lucid_test::SyncsAreErrors;
 
 TEST_F(Cuda, ScaleUnscaleAndUpdateNeverSynchroniseWithTheHost) {
   torch::nn::Linear model(32, 32);

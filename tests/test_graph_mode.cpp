@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "support/syncs_are_errors.h"
 #endif
 
 #include <functional>
@@ -210,15 +212,7 @@ class GraphModeCuda : public testing::Test {
   const torch::Device gpu{torch::kCUDA, 0};
 };
 
-// With CUDA's sync debug mode set to error, any host synchronisation throws.
-struct SyncsAreErrors {
-  SyncsAreErrors() {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-  }
-  ~SyncsAreErrors() {
-    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  }
-};
+using lucid_test::SyncsAreErrors;
 
 TEST_F(GraphModeCuda, CountersAndStepSkippedEqualTheEagerRuns) {
   expect_graph_safe_counts_like_eager(gpu, /*adam=*/true);
