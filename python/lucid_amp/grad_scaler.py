@@ -305,10 +305,12 @@ class GradScaler:
         step was skipped. A closure is refused while the scaler is enabled.
 
         An optimizer with ``_step_supports_amp_scaling`` (PyTorch's fused optimizers,
-        lucid_amp.optim's) gets the scale (None when unscale_ ran already) and the
-        overflow flag as ``optimizer.grad_scale``/``optimizer.found_inf`` for its step,
-        unscales inside its kernel and skips on the device; step then returns its value
-        as PyTorch's GradScaler does.
+        lucid_amp.optim's) gets the overflow flag as ``optimizer.found_inf`` and skips on
+        the device; step returns its value as PyTorch's GradScaler does, without waiting
+        for the device. lucid_amp.optim's (``_unscales_without_writing``) also get the
+        scale as ``optimizer.grad_scale`` and unscale as they read, so the scaler's pass
+        only checks; any other such optimizer gets gradients unscaled by the scaler's
+        pass (PyTorch's fused kernels would write them back unscaled, a slower step).
         """
         if not self._core.is_enabled():
             return optimizer.step(*args, **kwargs)
@@ -329,8 +331,14 @@ class GradScaler:
             optimizer.grad_scale = scale
             optimizer.found_inf = found_inf
 
+        groups = _param_groups(optimizer)
+        if not getattr(optimizer, "_unscales_without_writing", False) and self._core.stage(key) == 0:
+            # PyTorch's fused kernels write a gradient they unscale back to memory: one
+            # read-write pass here (unscaling and checking) then costs less than a check
+            # plus their slower step. They get found_inf and no scale, as after unscale_.
+            self._core.unscale_(key, groups)
         try:
-            self._core.step(key, _param_groups(optimizer), run_step, hand_off)
+            self._core.step(key, groups, run_step, hand_off)
         finally:
             for name in ("grad_scale", "found_inf"):
                 if name in optimizer.__dict__:

@@ -477,9 +477,10 @@ def test_pickling_in_the_middle_of_an_iteration_is_refused(scaler):
 # ---- PyTorch's protocol for scaler-aware optimizers -----------------------------------------
 
 
-class ScalerAwareSGD(torch.optim.Optimizer):
+class ProtocolSGD(torch.optim.Optimizer):
     """Follows PyTorch's fused-optimizer protocol: reads self.grad_scale/self.found_inf,
-    divides the gradients by the scale itself and skips when found_inf is set."""
+    divides the gradients by the scale itself when given one and skips when found_inf is
+    set."""
 
     _step_supports_amp_scaling = True
 
@@ -500,6 +501,39 @@ class ScalerAwareSGD(torch.optim.Optimizer):
                 g = p.grad if grad_scale is None else p.grad / grad_scale
                 p.add_(g, alpha=-group["lr"])
         return "ran"
+
+
+class ScalerAwareSGD(ProtocolSGD):
+    """ProtocolSGD that says it unscales as it reads, leaving the gradients as they are
+    (as lucid_amp.optim's do): the scaler hands it the scale."""
+
+    _unscales_without_writing = True
+
+
+def test_a_protocol_optimizer_gets_unscaled_gradients_and_the_flag(scaler):
+    """Like PyTorch's fused optimizers, which would write unscaled gradients back: the
+    scaler's pass unscales, and the optimizer gets no scale, only the flag."""
+    model = make_model()
+    opt = ProtocolSGD(model.parameters(), lr=0.1)
+    control = make_model()
+    backward(scaler, model)
+    scaled = grads(model)
+    assert scaler.step(opt) == "ran"
+    assert opt.seen == [(None, 0.0)]
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    assert same(grads(model), [g / 1024 for g in scaled])
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+    opt.zero_grad()
+    backward(scaler, model)
+    next(model.parameters()).grad.view(-1)[0] = math.inf
+    p = params(model)
+    assert scaler.step(opt) == "skipped-on-device"
+    assert opt.seen[-1] == (None, 1.0)
+    assert scaler.step_skipped(opt) and same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
 
 
 def test_a_scaler_aware_optimizer_gets_the_scale_and_the_flag_and_unscales_itself(scaler):
