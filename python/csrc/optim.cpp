@@ -10,6 +10,7 @@
 #include "optim/fused_launch.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
 #include <vector>
@@ -104,7 +105,6 @@ class FusedGroup {
     TensorList with_grad;
     for (const py::handle item : params_list) {
       const at::Tensor p = py::cast<at::Tensor>(item);
-      objects_.push_back(py::reinterpret_borrow<py::object>(item));
       params_.push_back(p);
       has_grad_.push_back(p.grad().defined());
       if (has_grad_.back()) {
@@ -169,14 +169,20 @@ class FusedGroup {
   }
 
   // Whether `params_list` holds the same parameters, with gradients exactly where they
-  // were when this group was built.
+  // were when this group was built. Compared by tensor, not by Python object: a module
+  // conversion may swap the tensor under a Parameter (torch.utils.swap_tensors).
   bool matches(const py::list& params_list) const {
-    if (py::len(params_list) != objects_.size()) {
+    if (py::len(params_list) != params_.size()) {
       return false;
     }
-    for (size_t i = 0; i < objects_.size(); ++i) {
-      if (PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i)) != objects_[i].ptr() ||
-          params_[i].grad().defined() != has_grad_[i]) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      PyObject* item = PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i));
+      if (!THPVariable_Check(item)) {
+        return false;
+      }
+      const at::Tensor& p = THPVariable_Unpack(item);
+      if (p.unsafeGetTensorImpl() != params_[i].unsafeGetTensorImpl() ||
+          p.grad().defined() != has_grad_[i]) {
         return false;
       }
     }
@@ -214,8 +220,7 @@ class FusedGroup {
   }
 
   std::string name_;
-  std::vector<py::object> objects_;  // the group's parameters as Python holds them
-  TensorList params_;                // the same, aligned
+  TensorList params_;  // the group's parameters
   std::vector<bool> has_grad_;
   TensorList with_grad_;             // those with a gradient when built
   std::vector<Kept> kept_;

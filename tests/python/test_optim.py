@@ -231,6 +231,14 @@ def test_kept_state_lists_follow_every_change_of_the_group(case):
             o.zero_grad(set_to_none=True)
             (torch.nn.functional.mse_loss(m(x), y) + (e * e).sum()).backward()
             o.step()
+    # a parameter's tensor swapped under its Python object (what a module conversion may
+    # do in PyTorch 2.x): same object, another tensor
+    swap = getattr(torch.utils, "swap_tensors", None)
+    if swap is not None:
+        for m in (a, b):
+            swap(m[0].bias, torch.nn.Parameter(m[0].bias.detach().clone() + 0.25))
+        for i, (x, y) in enumerate(batches[9:10]):
+            step_both(i, x, y)
     # every parameter moved to float64 in place (model.to keeps the Parameter objects)
     for m in (a, b):
         m.to(torch.float64)
