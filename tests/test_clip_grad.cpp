@@ -295,3 +295,49 @@ TEST_P(ClipBackends, ClippedTrainingWithOverflowsEqualsTheControl) {
 }
 
 }  // namespace
+
+namespace {
+
+// The clip's arithmetic after the norm pass in one launch (AmpBackend::clip_factors_, on
+// CUDA) gives the bits of the ATen operations it replaces, clamped or not, and for a
+// non-finite norm.
+TEST_P(ClipBackends, ClipFactorsInOneLaunchAreTheAtenOperationsBits) {
+  for (const double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    for (const double max_norm : {0.5, 1e9}) {
+      for (const bool poisoned : {false, true}) {
+        auto params = make_params(on(), 9, 1e3f);
+        if (poisoned) {
+          params[2].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
+        }
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : params) {
+          if (p.grad().defined()) {
+            grads.push_back(p.grad());
+          }
+        }
+        const torch::Tensor scale = torch::full({}, 256.0f, on());
+        torch::Tensor found_fused = torch::zeros({}, on());
+        torch::Tensor found_aten = torch::zeros({}, on());
+        torch::Tensor divisor;
+        const torch::Tensor norm = lucid::amp::detail::check_grads_and_clip_(
+            grads, scale, found_fused, norm_type, max_norm, &divisor);
+        const torch::Tensor norm_aten =
+            lucid::amp::detail::check_grads_and_norm_(grads, scale, found_aten, norm_type);
+        const torch::Tensor divisor_aten = scale / (max_norm / (norm_aten + 1e-6)).clamp_max(1.0);
+        SCOPED_TRACE(testing::Message() << "norm_type " << norm_type << " max_norm " << max_norm
+                                        << (poisoned ? " with a NaN" : ""));
+        EXPECT_EQ(found_fused.item<float>(), poisoned ? 1.0f : 0.0f);
+        EXPECT_TRUE(torch::equal(found_fused, found_aten));
+        EXPECT_TRUE(torch::equal(norm, norm_aten) ||
+                    (poisoned && norm.isnan().item<bool>() && norm_aten.isnan().item<bool>()));
+        EXPECT_TRUE(
+            torch::equal(divisor, divisor_aten) ||
+            (poisoned && divisor.isnan().item<bool>() && divisor_aten.isnan().item<bool>()));
+        EXPECT_EQ(norm.device(), scale.device());
+        EXPECT_EQ(divisor.device(), scale.device());
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -64,6 +64,18 @@ struct AmpBackend {
                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                                 double growth_factor, double backoff_factor,
                                 int64_t growth_interval, const detail::ScaleGuards& guards);
+
+  // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
+  // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not
+  // finite; coefficient = min(max_norm / (norm + 1e-6), 1); divisor = scale /
+  // coefficient; each in the float32 operation the ATen path uses (kernel_routing.cpp),
+  // so the bits are the same. Null where that path serves (a host's few scalar ops cost
+  // nothing beside its norm pass; on a GPU their dozen launches outlast it).
+  // Args: partial, scale, found_inf: float32, 0-dim, on one device of this table's type;
+  // norm, divisor: written, the same.
+  void (*clip_factors_)(const at::Tensor& partial, NormKind kind, double max_norm,
+                        const at::Tensor& scale, at::Tensor& found_inf, at::Tensor& norm,
+                        at::Tensor& divisor);
 };
 
 // The table registered for `type`, or null: the caller then uses generic_amp_backend().

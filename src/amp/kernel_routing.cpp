@@ -229,6 +229,31 @@ at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at:
   return norm;
 }
 
+at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, double norm_type, double max_norm,
+                                 at::Tensor* divisor) {
+  const bool fused_norm = norm_type == 2.0 || std::isinf(norm_type);
+  const AmpBackend* table = fused_norm && !grads.empty() && !generic_backend_forced()
+                                ? find_amp_backend(scale.device().type())
+                                : nullptr;
+  const bool one_launch =
+      table != nullptr && table->clip_factors_ != nullptr && found_inf.device() == scale.device() &&
+      std::all_of(grads.begin(), grads.end(),
+                  [&](const at::Tensor& g) { return g.device() == scale.device(); });
+  if (!one_launch) {
+    at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
+    *divisor = scale / (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    return norm;
+  }
+  const NormKind kind = norm_type == 2.0 ? NormKind::kTwo : NormKind::kInf;
+  const at::Tensor partial = combined_partial(grads, scale, found_inf, kind);
+  at::Tensor out = at::empty({2}, scale.options());
+  at::Tensor norm = out[0];
+  *divisor = out[1];
+  table->clip_factors_(partial, kind, max_norm, scale, found_inf, norm, *divisor);
+  return norm;
+}
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                    double growth_factor, double backoff_factor, int64_t growth_interval) {
   backend_for_device(scale.device().type())

@@ -57,6 +57,16 @@ at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
                                          const at::Tensor& scale, at::Tensor& found_inf,
                                          double norm_type);
 
+// check_grads_and_norm_ and the clip's coefficient folded into the scale: returns the
+// norm and sets *divisor to scale / min(max_norm / (norm + 1e-6), 1) (PyTorch's
+// coefficient), found_inf raised for a non-finite norm, on the scale's device. For 2 and
+// inf with every gradient on the scale's device, the arithmetic after the pass is one
+// launch where the device's table has one (AmpBackend::clip_factors_), the same bits as
+// the ATen operations that serve otherwise.
+at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
+                                 at::Tensor& found_inf, double norm_type, double max_norm,
+                                 at::Tensor* divisor);
+
 // The norm of a partial of check_grads_and_norm_partial_: partial^(1/p), the square root
 // for 2, the partial itself for inf. For 2 and inf the same bits check_grads_and_norm_
 // returns.

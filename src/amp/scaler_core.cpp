@@ -189,11 +189,14 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // any other optimizer gets one write pass of grad * (coefficient / scale). With a norm
   // hook the pass yields the norm's partial, which the hook combines (with the flag, e.g.
   // in one all-reduce across the ranks of a sharded run) before the norm is taken.
-  at::Tensor norm = found_inf_norm_hook_
-                        ? combined_norm(found_inf_norm_hook_, grads, scale, found_inf, norm_type)
-                        : check_grads_and_norm_(grads, scale, found_inf, norm_type);
-  const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  const at::Tensor divisor = scale / coefficient;
+  at::Tensor divisor;
+  at::Tensor norm;
+  if (found_inf_norm_hook_) {
+    norm = combined_norm(found_inf_norm_hook_, grads, scale, found_inf, norm_type);
+    divisor = scale / (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  } else {
+    norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
+  }
   if (view.set_grad_scaling) {
     record.grad_scale = divisor;
   } else {

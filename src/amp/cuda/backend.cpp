@@ -4,6 +4,7 @@
 // update_scale_kernel.h) on the current stream. Compiled only against a CUDA LibTorch.
 
 #include "amp/backend.h"
+#include "amp/cuda/clip_factors_kernel.h"
 #include "amp/cuda/unscale_kernels.h"
 #include "amp/cuda/update_scale_kernel.h"
 #include "cuda_common/table_cache.h"
@@ -118,6 +119,18 @@ at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at:
   return kind == NormKind::kTwo ? all.sum() : all.max();
 }
 
+// The clip's arithmetic in one launch (clip_factors_kernel.h): every tensor on the
+// partial's device.
+void table_clip_factors_(const at::Tensor& partial, NormKind kind, double max_norm,
+                         const at::Tensor& scale, at::Tensor& found_inf, at::Tensor& norm,
+                         at::Tensor& divisor) {
+  c10::cuda::CUDAGuard guard(partial.device());
+  C10_CUDA_CHECK(launch_clip_factors(partial.data_ptr<float>(), kind == NormKind::kTwo,
+                                     static_cast<float>(max_norm), scale.data_ptr<float>(),
+                                     found_inf.data_ptr<float>(), norm.data_ptr<float>(),
+                                     divisor.data_ptr<float>(), at::cuda::getCurrentCUDAStream()));
+}
+
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
 void update_on_device_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor* overflow_tracker,
                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
@@ -153,7 +166,8 @@ const AmpBackend& amp_backend() {
                                 table_check_finite_,
                                 table_check_and_norm_,
                                 table_update_scale_,
-                                table_update_scale_guarded_};
+                                table_update_scale_guarded_,
+                                table_clip_factors_};
   return table;
 }
 

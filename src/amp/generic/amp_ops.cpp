@@ -135,8 +135,13 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{"generic",       unscale_and_check_, check_finite_,
-                                check_and_norm_, update_scale_,      update_scale_guarded_};
+  static const AmpBackend table{"generic",
+                                unscale_and_check_,
+                                check_finite_,
+                                check_and_norm_,
+                                update_scale_,
+                                update_scale_guarded_,
+                                /*clip_factors_=*/nullptr};
   return table;
 }
 
