@@ -105,7 +105,7 @@ class FusedGroup {
     TensorList with_grad;
     for (const py::handle item : params_list) {
       const at::Tensor p = py::cast<at::Tensor>(item);
-      params_.push_back(p);
+      params_.emplace_back(p.getIntrusivePtr());
       has_grad_.push_back(p.grad().defined());
       if (has_grad_.back()) {
         with_grad.push_back(p);
@@ -127,7 +127,6 @@ class FusedGroup {
       }
       kept_.push_back(std::move(kept));
     }
-    with_grad_ = std::move(with_grad);
   }
 
   bool adam_(const py::list& params_list, double lr, double beta1, double beta2, double eps,
@@ -155,7 +154,7 @@ class FusedGroup {
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
-    std::vector<size_t> index;        // into with_grad_
+    std::vector<size_t> index;        // into the parameters that have a gradient
     std::vector<TensorList> states;   // aligned with index
   };
 
@@ -169,21 +168,28 @@ class FusedGroup {
   }
 
   // Whether `params_list` holds the same parameters, with gradients exactly where they
-  // were when this group was built. Compared by tensor, not by Python object: a module
-  // conversion may swap the tensor under a Parameter (torch.utils.swap_tensors).
-  bool matches(const py::list& params_list) const {
+  // were when this group was built; if so, `with_grad` gets those with a gradient.
+  // Compared by tensor, not by Python object: a module conversion may swap the tensor
+  // under a Parameter (torch.utils.swap_tensors).
+  bool matches(const py::list& params_list, TensorList* with_grad) const {
     if (py::len(params_list) != params_.size()) {
       return false;
     }
+    with_grad->clear();
     for (size_t i = 0; i < params_.size(); ++i) {
       PyObject* item = PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i));
       if (!THPVariable_Check(item)) {
         return false;
       }
       const at::Tensor& p = THPVariable_Unpack(item);
-      if (p.unsafeGetTensorImpl() != params_[i].unsafeGetTensorImpl() ||
+      // A weak reference keeps the address from being reused, so equal addresses are
+      // the same tensor.
+      if (p.unsafeGetTensorImpl() != params_[i]._unsafe_get_target() ||
           p.grad().defined() != has_grad_[i]) {
         return false;
+      }
+      if (has_grad_[i]) {
+        with_grad->push_back(p);
       }
     }
     return true;
@@ -191,14 +197,15 @@ class FusedGroup {
 
   template <typename Launch>
   bool run(const py::list& params_list, Launch launch) {
-    if (!matches(params_list)) {
+    TensorList with_grad;
+    if (!matches(params_list, &with_grad)) {
       return false;
     }
     torch::NoGradGuard no_grad;
-    const TensorList grads = grads_of(with_grad_);
+    const TensorList grads = grads_of(with_grad);
     // every gradient checked before any kernel runs
     const std::vector<Group> groups =
-        group_by_device_and_dtype(name_.c_str(), with_grad_, grads, {});
+        group_by_device_and_dtype(name_.c_str(), with_grad, grads, {});
     // A parameter moved to another device or dtype (model.to(...)) since: gather anew.
     if (groups.size() != kept_.size()) {
       return false;
@@ -220,9 +227,10 @@ class FusedGroup {
   }
 
   std::string name_;
-  TensorList params_;  // the group's parameters
-  std::vector<bool> has_grad_;
-  TensorList with_grad_;             // those with a gradient when built
+  // The group's parameters, held weakly: a strong reference would make
+  // torch.utils.swap_tensors refuse them (it checks that nothing else holds a tensor).
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> params_;
+  std::vector<bool> has_grad_;  // which had a gradient when built
   std::vector<Kept> kept_;
 };
 
