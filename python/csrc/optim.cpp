@@ -94,7 +94,7 @@ at::Tensor or_undefined(const c10::optional<at::Tensor>& t) {
 // of them had a gradient when it was built, and per device and dtype the aligned state
 // lists. A step reads only the gradients again; when the parameter list or the set of
 // parameters with a gradient no longer matches, it does nothing and returns false, and
-// Python gathers the state anew (python/lucid_amp/optim/fused.py, _GroupLists).
+// Python gathers the state anew (python/lucid_amp/optim/fused.py, _CachedListsMixin).
 class FusedGroup {
  public:
   // `params_list`: the group's parameters; `states`: the state lists aligned with the
