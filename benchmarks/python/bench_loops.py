@@ -45,6 +45,23 @@ def make_params(total, layers):
     return params
 
 
+def clipped_loop(scaler, opt, params):
+    """One iteration of the clipped loop: lucid_amp's clip_grad_norm_ where the scaler has
+    it, else unscale_ and torch.nn.utils.clip_grad_norm_ (foreach); then step, update."""
+    if hasattr(scaler, "clip_grad_norm_"):
+        def clipped():
+            scaler.clip_grad_norm_(opt, 1.0)
+            scaler.step(opt)
+            scaler.update()
+    else:
+        def clipped():
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            scaler.step(opt)
+            scaler.update()
+    return clipped
+
+
 def loops(name, make_optimizer, make_scaler, params, clip=True):
     opt = make_optimizer(params)
     bare = bench(opt.step)
@@ -58,18 +75,7 @@ def loops(name, make_optimizer, make_scaler, params, clip=True):
     scaled = bench(step_update)
     line = f"  {name:44s} bare {bare:8.3f} ms | step+update {scaled:8.3f} ms ({scaled / bare:.3f}x)"
     if clip:
-        if hasattr(scaler, "clip_grad_norm_"):
-            def clipped():
-                scaler.clip_grad_norm_(opt, 1.0)
-                scaler.step(opt)
-                scaler.update()
-        else:
-            def clipped():
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-                scaler.step(opt)
-                scaler.update()
-        ms = bench(clipped)
+        ms = bench(clipped_loop(scaler, opt, params))
         line += f" | clipped loop {ms:8.3f} ms ({ms / bare:.3f}x)"
     print(line, flush=True)
 

@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_loops import DEV, bench, make_params  # noqa: E402
+from bench_loops import DEV, bench, clipped_loop, make_params  # noqa: E402
 
 
 def host_median(fn, iters=20):
@@ -131,18 +131,7 @@ def main():
                     scaler.update()
 
             report(f"{label}, {scaler_name}: step+update", step_update)
-            if hasattr(scaler, "clip_grad_norm_"):
-                def clipped():
-                    scaler.clip_grad_norm_(opt, 1.0)
-                    scaler.step(opt)
-                    scaler.update()
-            else:
-                def clipped():
-                    scaler.unscale_(opt)
-                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-                    scaler.step(opt)
-                    scaler.update()
-            report(f"{label}, {scaler_name}: clipped loop", clipped)
+            report(f"{label}, {scaler_name}: clipped loop", clipped_loop(scaler, opt, params))
     return 0
 
 
