@@ -47,7 +47,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   }
   at::Tensor found_inf = at::zeros({}, grads.front().options().dtype(at::kFloat));
   at::Tensor norm = detail::check_grads_and_norm_(grads, at::Tensor(), found_inf, norm_type);
-  const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  const at::Tensor coefficient = detail::clip_coefficient(norm, max_norm);
   // One write pass: the unscale kernel with 1/coefficient as the scale.
   detail::unscale_grads_(grads, coefficient.reciprocal(), found_inf);
   return norm;

@@ -229,6 +229,10 @@ at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at:
   return norm;
 }
 
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
+  return (max_norm / (norm + 1e-6)).clamp_max(1.0);
+}
+
 at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, double norm_type, double max_norm,
                                  at::Tensor* divisor) {
@@ -242,7 +246,7 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
                   [&](const at::Tensor& g) { return g.device() == scale.device(); });
   if (!one_launch) {
     at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
-    *divisor = scale / (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    *divisor = scale / clip_coefficient(norm, max_norm);
     return norm;
   }
   const NormKind kind = norm_type == 2.0 ? NormKind::kTwo : NormKind::kInf;

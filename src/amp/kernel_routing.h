@@ -57,6 +57,10 @@ at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
                                          const at::Tensor& scale, at::Tensor& found_inf,
                                          double norm_type);
 
+// PyTorch's clip coefficient for a total norm: min(max_norm / (norm + 1e-6), 1) in the
+// norm's dtype, NaN kept (ATen operations, on the norm's device).
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm);
+
 // check_grads_and_norm_ and the clip's coefficient folded into the scale: returns the
 // norm and sets *divisor to scale / min(max_norm / (norm + 1e-6), 1) (PyTorch's
 // coefficient), found_inf raised for a non-finite norm, on the scale's device. For 2 and

@@ -193,7 +193,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   at::Tensor norm;
   if (found_inf_norm_hook_) {
     norm = combined_norm(found_inf_norm_hook_, grads, scale, found_inf, norm_type);
-    divisor = scale / (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    divisor = scale / clip_coefficient(norm, max_norm);
   } else {
     norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
   }
