@@ -8,6 +8,7 @@
 
 #ifdef LUCID_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,6 +16,7 @@
 #include "support/syncs_are_errors.h"
 #endif
 
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -182,6 +184,77 @@ TEST_F(Cuda, ScaleUnscaleAndUpdateNeverSynchroniseWithTheHost) {
   {
     SyncsAreErrors no_syncs;
     EXPECT_NO_THROW(scaler.update());
+  }
+}
+
+// ---- the host reads a flag where it became final, not behind later kernels ----------
+
+// About half a second of one GPU thread spinning: long beside everything the scaler
+// queues, so the stream is still busy when a call that did not wait for it returns.
+constexpr int64_t kBusyCycles = 1'000'000'000;
+
+bool gpu_still_busy() { return !at::cuda::getCurrentCUDAStream().query(); }
+
+// A scaler-aware optimizer whose step only keeps the GPU busy.
+struct SlowScalerAwareOptimizer {
+  std::vector<torch::Tensor> params;
+  torch::Tensor found_inf;  // as the scaler handed it over
+  lucid::amp::OptimizerView view(bool defer_outcome) {
+    lucid::amp::OptimizerView v;
+    v.key = this;
+    v.param_groups = {params};
+    v.step = [] { at::cuda::sleep(kBusyCycles); };
+    v.set_grad_scaling = [this](const torch::Tensor&, const torch::Tensor& flag) {
+      found_inf = flag;
+    };
+    v.defer_outcome = defer_outcome;
+    return v;
+  }
+};
+
+TEST_F(Cuda, ScalerAwareStepKnowsItsOutcomeWithoutWaitingForTheOptimizersKernel) {
+  for (const bool defer : {false, true}) {
+    SCOPED_TRACE(defer ? "outcome deferred to update()" : "outcome read in step()");
+    GradScaler scaler(GradScalerOptions().init_scale(4.0));
+    SlowScalerAwareOptimizer slow;
+    slow.params = {torch::zeros({1000}, gpu).requires_grad_()};
+    scaler.scale(torch::ones({}, gpu));  // places the scale on the GPU
+    for (const float g : {1.0f, std::numeric_limits<float>::infinity()}) {
+      slow.params[0].mutable_grad() = torch::full({1000}, g, gpu);
+      const bool clean = std::isfinite(g);
+      const bool stepped = scaler.step(slow.view(defer));
+      // An overflow's report reads the gradients and the scale, queued behind the step:
+      // only a clean step's outcome comes without waiting.
+      EXPECT_TRUE(!clean || gpu_still_busy()) << "step() waited for the optimizer's kernel";
+      EXPECT_EQ(stepped, defer || clean);  // a deferred step reports true
+      scaler.update();
+      EXPECT_TRUE(!clean || gpu_still_busy()) << "update() waited for the optimizer's kernel";
+      EXPECT_EQ(scaler.step_skipped(&slow), !clean);
+      EXPECT_EQ(scaler.get_scale(), clean ? 4.0 : 2.0);
+      torch::cuda::synchronize();
+    }
+  }
+}
+
+TEST_F(Cuda, StepOfAPlainOptimizerDoesNotWaitForWhatRanAfterUnscaleOrClip) {
+  for (const bool clip : {false, true}) {
+    SCOPED_TRACE(clip ? "clip_grad_norm_" : "unscale_");
+    torch::nn::Linear model(64, 64);
+    model->to(gpu);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    scaler.scale(model->forward(torch::randn({4, 64}, gpu)).pow(2).mean()).backward();
+    if (clip) {
+      scaler.clip_grad_norm_(optimizer, 1.0);
+    } else {
+      scaler.unscale_(optimizer);
+    }
+    at::cuda::sleep(kBusyCycles);  // the caller's own work between the two calls
+    const auto before = model->weight.detach().clone();
+    EXPECT_TRUE(scaler.step(optimizer).has_value());
+    EXPECT_TRUE(gpu_still_busy()) << "step() waited for the work queued after the flag";
+    scaler.update();
+    EXPECT_FALSE(torch::equal(model->weight.detach(), before));  // the step ran
   }
 }
 #endif

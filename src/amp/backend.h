@@ -6,6 +6,7 @@
 // one table: src/amp/cpu, src/amp/cuda (CUDA builds only), src/amp/generic (ATen ops, for
 // every device without a table of its own, and for whatever a table does not take).
 
+#include "amp/flag_read.h"
 #include "amp/scale_rule.h"
 
 #include <ATen/ATen.h>
@@ -76,6 +77,12 @@ struct AmpBackend {
   void (*clip_factors_)(const at::Tensor& partial, NormKind kind, double max_norm,
                         const at::Tensor& scale, at::Tensor& found_inf, at::Tensor& norm,
                         at::Tensor& divisor);
+
+  // Copies `found_inf` to host memory behind the work queued on its device so far,
+  // without waiting, and returns that copy with the wait for it. Null where reading the
+  // flag waits for nothing (a host flag is read where it lies).
+  // Args: found_inf: float32, 0-dim, on a device of this table's type.
+  PendingFlagRead (*start_flag_read_)(const at::Tensor& found_inf);
 };
 
 // The table registered for `type`, or null: the caller then uses generic_amp_backend().

@@ -274,6 +274,11 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                              backoff_factor, growth_interval, guards);
 }
 
+PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {
+  const AmpBackend& table = backend_for_device(found_inf.device().type());
+  return table.start_flag_read_ != nullptr ? table.start_flag_read_(found_inf) : PendingFlagRead();
+}
+
 ForceGenericBackendGuard::ForceGenericBackendGuard() : previous_(force_generic.exchange(true)) {}
 
 ForceGenericBackendGuard::~ForceGenericBackendGuard() { force_generic.store(previous_); }

@@ -5,6 +5,7 @@
 // (amp/backend.h: src/amp/cpu, src/amp/cuda, src/amp/generic) by device and layout. Not
 // installed; tests include it.
 
+#include "amp/flag_read.h"
 #include "amp/scale_rule.h"
 
 #include <ATen/ATen.h>
@@ -94,6 +95,13 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                            at::Tensor& overflow_tracker, const at::Tensor& found_inf,
                            double growth_factor, double backoff_factor, int64_t growth_interval,
                            const ScaleGuards& guards);
+
+// Starts reading `found_inf` (float32, 0-dim) back to the host behind the work queued on
+// its device so far: PendingFlagRead::wait then waits for that work only, not for kernels
+// queued after this call (an optimizer's step). Not started (PendingFlagRead::started()
+// false) where the flag's device has no such copy, e.g. a CPU flag, which is read where
+// it lies.
+PendingFlagRead start_flag_read_(const at::Tensor& found_inf);
 
 // Routes every device to the generic ATen-ops backend (the path Apple MPS and other
 // devices take) while alive. Lets the tests exercise that path on CPU. Process-wide.

@@ -6,6 +6,8 @@
 
 #include <lucid/amp/grad_scaler_options.h>
 
+#include "amp/flag_read.h"
+
 #include <ATen/ATen.h>
 
 #include <unordered_map>
@@ -20,6 +22,9 @@ struct OptimizerRecord {
   at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
   bool found_inf_read = false;   // the host has read found_inf
   bool found_inf_value = false;  // what it read
+  // The flag's host copy, started where it became final (not in graph_safe mode), so
+  // that its read need not wait for the kernels queued after that point.
+  PendingFlagRead found_inf_on_host;
   bool had_gradients = false;    // unscale_/step found at least one defined gradient
   // The flag is evidence about this iteration: gradients were checked, or a found_inf
   // hook (another rank's check) ran on it. An update() with no evidence grows nothing.

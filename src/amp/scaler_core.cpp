@@ -155,6 +155,8 @@ void ScalerCore::unscale_(const OptimizerView& view) {
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
   record_overflow_(view, record, GradientPass::kUnscale);
+  // Whatever the caller queues before step() (a clip of its own) need not finish first.
+  start_reading_found_inf_(record);
   record.stage = OptimizerStage::kUnscaled;
 }
 
@@ -197,17 +199,20 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   } else {
     norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
   }
-  if (view.set_grad_scaling) {
-    record.grad_scale = divisor;
-  } else {
-    // Raises the flag only where it is raised already (a non-finite norm).
-    unscale_grads_(grads, divisor, found_inf);
-  }
   if (found_inf_hook_ && !found_inf_norm_hook_) {
     found_inf_hook_(found_inf);
   }
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
+  // The flag is final here: the write pass below raises it only where it is raised
+  // already (a finite norm bounds every |g / scale|, and the coefficient is at most 1),
+  // so step() need not wait for that pass.
+  start_reading_found_inf_(record);
+  if (view.set_grad_scaling) {
+    record.grad_scale = divisor;
+  } else {
+    unscale_grads_(grads, divisor, found_inf);
+  }
   record.stage = OptimizerStage::kUnscaled;
   return norm;
 }
@@ -260,6 +265,8 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   at::Tensor scale_for_optimizer = record.grad_scale;  // set by clip_grad_norm_
   if (record.stage == OptimizerStage::kReady) {
     record_overflow_(view, record, GradientPass::kCheckOnly);
+    // The outcome is then read without waiting for the optimizer's kernel.
+    start_reading_found_inf_(record);
     scale_for_optimizer = schedule_.scale();
   }
   if (!record.had_gradients) {
@@ -288,7 +295,7 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
     return true;
   }
   // Read after the launch: the step was already skipped on the device if needed, the
-  // flag only tells the caller.
+  // flag only tells the caller (from its host copy, which does not wait for the step).
   const bool overflow = read_found_inf_(&view, record);
   diagnostics_.note_step(view.key, overflow);
   return !overflow;
@@ -300,7 +307,12 @@ bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& rec
     return false;  // no scale yet, so nothing was unscaled: clean
   }
   if (!record.found_inf_read) {
-    record.found_inf_value = record.found_inf.item<float>() != 0.0f;
+    PendingFlagRead& on_host = record.found_inf_on_host;
+    if (on_host.started()) {
+      on_host.wait();
+    }
+    const at::Tensor& flag = on_host.started() ? on_host.host : record.found_inf;
+    record.found_inf_value = flag.item<float>() != 0.0f;
     record.found_inf_read = true;
     if (record.found_inf_value) {
       diagnostics_.note_overflow(view, scale_at_step.defined()
@@ -309,6 +321,12 @@ bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& rec
     }
   }
   return record.found_inf_value;
+}
+
+void ScalerCore::start_reading_found_inf_(OptimizerRecord& record) {
+  if (record.found_inf.defined() && !options().graph_safe()) {
+    record.found_inf_on_host = start_flag_read_(record.found_inf);
+  }
 }
 
 void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {

@@ -72,6 +72,9 @@ class ScalerCore {
   enum class GradientPass { kUnscale, kCheckOnly };
   void record_overflow_(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
   bool step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record);
+  // Starts the host copy of the record's final flag (PendingFlagRead), where the host
+  // will read it: not in graph_safe mode, which never does.
+  void start_reading_found_inf_(OptimizerRecord& record);
   // Reads the record's flag once; `view` is null where the optimizer may be gone.
   // `scale_at_step`: the scale the gradients were divided by, where the schedule has moved
   // on since (undefined: the current one).

@@ -10,10 +10,12 @@
 #include "cuda_common/table_cache.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <memory>
 
 namespace lucid {
 namespace amp {
@@ -158,6 +160,20 @@ void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
                     backoff_factor, growth_interval, guards);
 }
 
+// The flag's copy into pinned memory on the flag's current stream, and an event behind
+// it: waiting on the event waits for that stream up to this point only. The pinned block
+// comes from PyTorch's caching host allocator, which keeps it until the copy has landed.
+PendingFlagRead table_start_flag_read_(const at::Tensor& found_inf) {
+  c10::cuda::CUDAGuard guard(found_inf.device());
+  PendingFlagRead read;
+  read.host = at::empty({}, found_inf.options().device(at::kCPU).pinned_memory(true));
+  read.host.copy_(found_inf, /*non_blocking=*/true);
+  auto landed = std::make_shared<at::cuda::CUDAEvent>();
+  landed->record(at::cuda::getCurrentCUDAStream());
+  read.wait = [landed] { landed->synchronize(); };
+  return read;
+}
+
 }  // namespace
 
 const AmpBackend& amp_backend() {
@@ -167,7 +183,8 @@ const AmpBackend& amp_backend() {
                                 table_check_and_norm_,
                                 table_update_scale_,
                                 table_update_scale_guarded_,
-                                table_clip_factors_};
+                                table_clip_factors_,
+                                table_start_flag_read_};
   return table;
 }
 

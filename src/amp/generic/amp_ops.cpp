@@ -141,7 +141,8 @@ const AmpBackend& amp_backend() {
                                 check_and_norm_,
                                 update_scale_,
                                 update_scale_guarded_,
-                                /*clip_factors_=*/nullptr};
+                                /*clip_factors_=*/nullptr,
+                                /*start_flag_read_=*/nullptr};
   return table;
 }
 

@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+
+// Internal: an overflow flag on its way to the host (detail::start_flag_read_).
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+namespace lucid {
+namespace amp {
+
+// The host's copy of a device flag, taken where the flag became final. Reading it waits
+// for the work queued before that point only, so a step's outcome is known without
+// waiting for the optimizer kernel queued after its check.
+struct PendingFlagRead {
+  at::Tensor host;             // float32, 0-dim, CPU: the flag, once wait() has returned
+  std::function<void()> wait;  // blocks until the copy has landed
+
+  bool started() const { return host.defined(); }
+};
+
+}  // namespace amp
+}  // namespace lucid
