@@ -105,15 +105,27 @@ class FusedGroup {
     TensorList with_grad;
     for (const py::handle item : params_list) {
       const at::Tensor p = py::cast<at::Tensor>(item);
-      params_.emplace_back(p.getIntrusivePtr());
+      params_.push_back(py::reinterpret_borrow<py::object>(item));
+      numel_.push_back(p.numel());
       has_grad_.push_back(p.grad().defined());
       if (has_grad_.back()) {
         with_grad.push_back(p);
       }
     }
+    TORCH_CHECK(!states.empty(), name_, ": no state lists (the step counters come last).");
     for (const at::Tensor& s : states.back()) {
       TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 0, name_,
                   ": step counters must be float32 0-dim tensors.");
+    }
+    // The kernels walk a parameter's state element by element: sizes must agree.
+    for (size_t s = 0; s + 1 < states.size(); ++s) {
+      TORCH_CHECK(states[s].size() == with_grad.size(), name_, ": a state list of ",
+                  states[s].size(), " tensors for ", with_grad.size(), " parameters.");
+      for (size_t i = 0; i < with_grad.size(); ++i) {
+        TORCH_CHECK(states[s][i].numel() == with_grad[i].numel(), name_,
+                    ": the state of a parameter of ", with_grad[i].numel(), " elements has ",
+                    states[s][i].numel(), ".");
+      }
     }
     std::vector<const TensorList*> checked;
     for (const TensorList& s : states) {
@@ -167,10 +179,11 @@ class FusedGroup {
     return grads;
   }
 
-  // Whether `params_list` holds the same parameters, with gradients exactly where they
-  // were when this group was built; if so, `with_grad` gets those with a gradient.
-  // Compared by tensor, not by Python object: a module conversion may swap the tensor
-  // under a Parameter (torch.utils.swap_tensors).
+  // Whether `params_list` holds the same parameters, of the same sizes, with gradients
+  // exactly where they were when this group was built; if so, `with_grad` gets those
+  // with a gradient. Compared by Python object, as torch.optim keys its state: a module
+  // conversion may swap the tensor under a Parameter (torch.utils.swap_tensors), which
+  // keeps its state, and the tensors are taken from the objects anew on every step.
   bool matches(const py::list& params_list, TensorList* with_grad) const {
     if (py::len(params_list) != params_.size()) {
       return false;
@@ -181,11 +194,12 @@ class FusedGroup {
       if (!THPVariable_Check(item)) {
         return false;
       }
+      // params_ holds the objects, so an address is not reused while they are compared.
+      if (item != params_[i].ptr()) {
+        return false;
+      }
       const at::Tensor& p = THPVariable_Unpack(item);
-      // A weak reference keeps the address from being reused, so equal addresses are
-      // the same tensor.
-      if (p.unsafeGetTensorImpl() != params_[i]._unsafe_get_target() ||
-          p.grad().defined() != has_grad_[i]) {
+      if (p.numel() != numel_[i] || p.grad().defined() != has_grad_[i]) {
         return false;
       }
       if (has_grad_[i]) {
@@ -227,9 +241,10 @@ class FusedGroup {
   }
 
   std::string name_;
-  // The group's parameters, held weakly: a strong reference would make
-  // torch.utils.swap_tensors refuse them (it checks that nothing else holds a tensor).
-  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> params_;
+  // The group's parameters as Python objects. Not their tensors, not even weakly:
+  // torch.utils.swap_tensors refuses a tensor that anything else references.
+  std::vector<py::object> params_;
+  std::vector<int64_t> numel_;  // each parameter's size when built
   std::vector<bool> has_grad_;  // which had a gradient when built
   std::vector<Kept> kept_;
 };

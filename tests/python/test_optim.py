@@ -187,6 +187,20 @@ def test_errors():
         FusedSGD([q], lr=0.1).step()
 
 
+def test_a_loaded_state_of_the_wrong_size_raises_instead_of_being_walked_past_its_end():
+    p = torch.nn.Parameter(torch.zeros(4))
+    opt = FusedAdamW([p])
+    p.grad = torch.ones(4)
+    opt.step()
+    state = opt.state_dict()
+    state["state"][0]["exp_avg"] = torch.zeros(3)  # load_state_dict checks no sizes
+    opt.load_state_dict(state)
+    before = p.detach().clone()
+    with pytest.raises(RuntimeError, match="4 elements has 3"):
+        opt.step()
+    assert torch.equal(p.detach(), before)
+
+
 @pytest.mark.parametrize("case", ["adamw", "sgd-momentum"])
 def test_kept_state_lists_follow_every_change_of_the_group(case):
     """The fused optimizers keep each group's state lists between steps; every change that
