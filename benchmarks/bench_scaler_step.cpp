@@ -150,6 +150,30 @@ void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
 // scaler.clip_grad_norm_ (one read pass; folded into a fused optimizer's step) and as
 // unscale_ + torch::nn::utils::clip_grad_norm_ (the C++ frontend's clip), each over the
 // bare step of the same optimizer.
+// The median host time of each part of fn's iterations in microseconds, the device idle
+// at the start of each: parts[i] runs from mark i to mark i + 1 (fn calls mark()).
+std::vector<double> host_parts_us(const std::function<void(const std::function<void()>&)>& fn,
+                                  int iters = 20) {
+  std::vector<std::vector<double>> parts;
+  for (int i = 0; i < iters + 3; ++i) {
+    torch::cuda::synchronize();
+    std::vector<std::chrono::steady_clock::time_point> marks{std::chrono::steady_clock::now()};
+    fn([&] { marks.push_back(std::chrono::steady_clock::now()); });
+    if (i < 3) continue;  // warm-up
+    parts.resize(marks.size() - 1);
+    for (size_t k = 0; k + 1 < marks.size(); ++k) {
+      parts[k].push_back(std::chrono::duration<double, std::micro>(marks[k + 1] - marks[k]).count());
+    }
+  }
+  torch::cuda::synchronize();
+  std::vector<double> medians;
+  for (auto& p : parts) {
+    std::sort(p.begin(), p.end());
+    medians.push_back(p[p.size() / 2]);
+  }
+  return medians;
+}
+
 void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params) {
   const double bare = median_ms([&] { opt.step(); });
   lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(1.0));
@@ -168,6 +192,22 @@ void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch
   std::printf("  %-22s bare %8.3f ms | clip_grad_norm_+step+update %8.3f ms (%.3fx) | unscale_+"
               "torch clip+step+update %8.3f ms (%.3fx)\n",
               name, bare, fused, fused / bare, control, control / bare);
+  // Where a host-bound step's loop spends its time: step() waits for the flag first.
+  const double bare_host = host_parts_us([&](const auto& mark) {
+    opt.step();
+    mark();
+  })[0];
+  const std::vector<double> loop = host_parts_us([&](const auto& mark) {
+    scaler.clip_grad_norm_(opt, 1.0);
+    mark();
+    scaler.step(opt);
+    mark();
+    scaler.update();
+    mark();
+  });
+  std::printf("  %-22s host: bare step %7.1f us | clip_grad_norm_ %6.1f us, step %7.1f us, "
+              "update %6.1f us\n",
+              "", bare_host, loop[0], loop[1], loop[2]);
 }
 
 }  // namespace
