@@ -34,10 +34,11 @@ struct OptimizerView {
   /// 0-dim; non-zero means skip). Empty for every other optimizer.
   std::function<void(at::Tensor scale, at::Tensor found_inf)> set_grad_scaling;
   /// For a scaler-aware optimizer only: true lets step() return (true) without reading the
-  /// overflow flag back, so that the host does not wait for the optimizer's kernel; whether
-  /// the step was skipped (step_skipped, the counters, the overflow report) is then read
-  /// at update(), after its kernel is queued, or as soon as one of those is asked for.
-  /// The gradients are kept referenced until then, for the report.
+  /// overflow flag back, so that the host does not wait for the device at all (without it,
+  /// step() waits for the gradients' check, though not for the optimizer's kernel);
+  /// whether the step was skipped (step_skipped, the counters, the overflow report) is then
+  /// read at update(), after its kernel is queued, or as soon as one of those is asked
+  /// for. The gradients are kept referenced until then, for the report.
   bool defer_outcome = false;
 };
 
