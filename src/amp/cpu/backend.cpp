@@ -50,10 +50,14 @@ at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at:
 }  // namespace
 
 const AmpBackend& amp_backend() {
-  static const AmpBackend table{
-      "cpu",         table_unscale_and_check_, table_check_finite_,      table_check_and_norm_,
-      update_scale_, update_scale_guarded_,    /*clip_factors_=*/nullptr,
-      /*start_flag_read_=*/nullptr};
+  static const AmpBackend table{"cpu",
+                                table_unscale_and_check_,
+                                table_check_finite_,
+                                table_check_and_norm_,
+                                update_scale_,
+                                update_scale_guarded_,
+                                /*clip_factors_=*/nullptr,
+                                /*start_flag_read_=*/nullptr};
   return table;
 }
 
