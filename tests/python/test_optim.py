@@ -3,6 +3,7 @@
 100 steps, their state_dicts in torch.optim's form both ways, LR schedulers, and the
 scaler-aware protocol with lucid_amp.GradScaler (skip on overflow, unscaling inside)."""
 
+import copy
 import math
 
 import pytest
@@ -230,8 +231,10 @@ def test_kept_state_lists_follow_every_change_of_the_group(case):
         o.param_groups[0]["params"][2] = fresh
     for i, (x, y) in enumerate(batches[3:5]):
         step_both(i, x, y)
-    # load_state_dict: the fused optimizer continues from the torch one's state
-    opt_a.load_state_dict(opt_b.state_dict())
+    # load_state_dict: the fused optimizer continues from the torch one's state. From a
+    # copy, as from a checkpoint: PyTorch 2.x's load_state_dict keeps the very tensors it
+    # is given, which both optimizers would then update in place.
+    opt_a.load_state_dict(copy.deepcopy(opt_b.state_dict()))
     a.load_state_dict(b.state_dict())
     for i, (x, y) in enumerate(batches[5:7]):
         step_both(i, x, y)
