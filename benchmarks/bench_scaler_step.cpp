@@ -4,6 +4,9 @@
 //    both against a device copy of the same bytes (8 bytes per float32 gradient);
 //  * read-only check (4 bytes per gradient);
 //  * scaler step+update over the bare fused step, default mode and graph_safe mode;
+//  * the clipped loop over the bare step of FusedAdamW, torch::optim::AdamW and
+//    torch::optim::SGD, by CUDA events and by the host's clock in the same iterations,
+//    with the host time of each call (where a host-bound step's loop spends its time);
 //  * bare FusedAdamW vs torch::optim::AdamW from C++ (at the smaller size);
 //  * host synchronisations per step in graph_safe mode, with CUDA's sync debug mode set
 //    to error (any synchronisation would throw).
@@ -167,10 +170,6 @@ void optimizer_rows(const char* name, torch::optim::Optimizer& opt) {
               host_us([&] { safe.step(opt); safe.update(); }));
 }
 
-// The reference loop with clipping: unscale_ + clip + step + update, as
-// scaler.clip_grad_norm_ (one read pass; folded into a fused optimizer's step) and as
-// unscale_ + torch::nn::utils::clip_grad_norm_ (the C++ frontend's clip), each over the
-// bare step of the same optimizer.
 // The median host time of each part of fn's iterations in microseconds, the device idle
 // at the start of each: parts[i] runs from mark i to mark i + 1 (fn calls mark()).
 std::vector<double> host_parts_us(const std::function<void(const std::function<void()>&)>& fn,
@@ -195,6 +194,10 @@ std::vector<double> host_parts_us(const std::function<void(const std::function<v
   return medians;
 }
 
+// The reference loop with clipping: unscale_ + clip + step + update, as
+// scaler.clip_grad_norm_ (one read pass; folded into a fused optimizer's step) and as
+// unscale_ + torch::nn::utils::clip_grad_norm_ (the C++ frontend's clip), each over the
+// bare step of the same optimizer.
 void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params) {
   const double bare = median_ms([&] { opt.step(); });
   lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(1.0));
