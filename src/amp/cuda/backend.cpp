@@ -163,8 +163,15 @@ void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
 // The flag's copy into pinned memory on the flag's current stream, and an event behind
 // it: waiting on the event waits for that stream up to this point only. The pinned block
 // comes from PyTorch's caching host allocator, which keeps it until the copy has landed.
+// Not while the stream is captured into a CUDA graph: the copy would land only when the
+// graph is replayed, so the flag is then read as before, where it lies.
 PendingFlagRead table_start_flag_read_(const at::Tensor& found_inf) {
   c10::cuda::CUDAGuard guard(found_inf.device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(), &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return PendingFlagRead();
+  }
   PendingFlagRead read;
   read.host = at::empty({}, found_inf.options().device(at::kCPU).pinned_memory(true));
   read.host.copy_(found_inf, /*non_blocking=*/true);
