@@ -6,7 +6,9 @@
 //  * scaler step+update over the bare fused step, default mode and graph_safe mode;
 //  * the clipped loop over the bare step of FusedAdamW, torch::optim::AdamW and
 //    torch::optim::SGD, by CUDA events and by the host's clock in the same iterations,
-//    with the host time of each call (where a host-bound step's loop spends its time);
+//    with the host time of each call (where a host-bound step's loop spends its time)
+//    and, for torch::optim's optimizers, the bare step's kernels alone replayed from a
+//    CUDA graph (how busy the step keeps the device);
 //  * bare FusedAdamW vs torch::optim::AdamW from C++ (at the smaller size);
 //  * host synchronisations per step in graph_safe mode, with CUDA's sync debug mode set
 //    to error (any synchronisation would throw).
@@ -21,7 +23,10 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "amp/kernel_routing.h"
 
@@ -29,6 +34,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -194,11 +200,44 @@ std::vector<double> host_parts_us(const std::function<void(const std::function<v
   return medians;
 }
 
+// The device time of fn's kernels alone: fn captured once into a CUDA graph and the graph
+// replayed, so no host launch time is in it. Negative when fn cannot be captured (the
+// capture is then ended, so that the stream can be used again).
+double graph_replay_ms(const std::function<void()>& fn) {
+  torch::cuda::synchronize();
+  auto side = c10::cuda::getStreamFromPool();
+  try {
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      fn();  // once on the capture stream first, as PyTorch's graph capture asks
+      side.synchronize();
+      graph.capture_begin();
+      fn();
+      graph.capture_end();
+    }
+    torch::cuda::synchronize();
+    return median_ms([&] { graph.replay(); });
+  } catch (const std::exception& e) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(side.stream(), &partial);
+      if (partial != nullptr) cudaGraphDestroy(partial);
+    }
+    (void)cudaGetLastError();
+    std::printf("  (graph capture failed: %s)\n", e.what());
+    return -1.0;
+  }
+}
+
 // The reference loop with clipping: unscale_ + clip + step + update, as
 // scaler.clip_grad_norm_ (one read pass; folded into a fused optimizer's step) and as
 // unscale_ + torch::nn::utils::clip_grad_norm_ (the C++ frontend's clip), each over the
 // bare step of the same optimizer.
-void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params) {
+void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch::Tensor>& params,
+               bool replay_bare = false) {
   const double bare = median_ms([&] { opt.step(); });
   lucid::amp::GradScaler scaler(lucid::amp::GradScalerOptions().init_scale(1.0));
   scaler.scale(torch::ones({}, torch::kCUDA));
@@ -229,6 +268,14 @@ void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch
               " (bare / clip_grad_norm_+step+update)\n",
               "", bare_both.first, fused_both.first, fused_both.first / bare_both.first,
               bare_both.second, fused_both.second, fused_both.second / bare_both.second);
+  // How busy the bare step keeps the device: a step whose kernels take about its whole
+  // event time is device-bound, and every pass queued before it adds to the loop.
+  const double device_only = replay_bare ? graph_replay_ms([&] { opt.step(); }) : -1.0;
+  if (device_only > 0.0) {
+    std::printf("  %-22s bare step's kernels alone (CUDA graph replay) %8.3f ms: %.0f%% of "
+                "its event time\n",
+                "", device_only, 100.0 * device_only / bare_both.first);
+  }
   // Where a host-bound step's loop spends its time: step() waits for the flag first.
   const double bare_host = host_parts_us([&](const auto& mark) {
     opt.step();
@@ -305,9 +352,9 @@ int main(int argc, char** argv) {
     }
     if (P < 300 * 1000 * 1000) {
       torch::optim::AdamW adamw(params, torch::optim::AdamWOptions(1e-3));
-      clip_rows("clip, torch AdamW", adamw, params);
+      clip_rows("clip, torch AdamW", adamw, params, /*replay_bare=*/true);
       torch::optim::SGD sgd(params, torch::optim::SGDOptions(1e-3));
-      clip_rows("clip, torch SGD", sgd, params);
+      clip_rows("clip, torch SGD", sgd, params, /*replay_bare=*/true);
       const double free_clip = median_ms([&] { lucid::amp::clip_grad_norm_(params, 1.0); });
       const double torch_clip =
           median_ms([&] { torch::nn::utils::clip_grad_norm_(params, 1.0); }, 10, 2);
