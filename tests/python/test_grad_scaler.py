@@ -510,18 +510,24 @@ class ScalerAwareSGD(ProtocolSGD):
     _unscales_without_writing = True
 
 
-def test_a_protocol_optimizer_gets_unscaled_gradients_and_the_flag(scaler):
-    """Like PyTorch's fused optimizers, which would write unscaled gradients back: the
-    scaler's pass unscales, and the optimizer gets no scale, only the flag."""
+@pytest.mark.parametrize("opt_cls", [ProtocolSGD, ScalerAwareSGD])
+def test_a_protocol_optimizer_gets_the_flag_and_the_scale_only_if_it_unscales_as_it_reads(
+        scaler, opt_cls):
+    """ProtocolSGD is like PyTorch's fused optimizers, which would write unscaled gradients
+    back: the scaler's pass unscales, and the optimizer gets no scale, only the flag.
+    ScalerAwareSGD gets the scale and the flag and unscales itself: the scaler only checks
+    the gradients, which stay scaled."""
+    given_scale = 1024.0 if opt_cls is ScalerAwareSGD else None
     model = make_model()
-    opt = ProtocolSGD(model.parameters(), lr=0.1)
+    opt = opt_cls(model.parameters(), lr=0.1)
     control = make_model()
     backward(scaler, model)
     scaled = grads(model)
     assert scaler.step(opt) == "ran"
-    assert opt.seen == [(None, 0.0)]
+    assert opt.seen == [(given_scale, 0.0)]
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
-    assert same(grads(model), [g / 1024 for g in scaled])
+    left = scaled if opt_cls is ScalerAwareSGD else [g / 1024 for g in scaled]
+    assert same(grads(model), left)
     expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
     assert same(params(model), expect)
     scaler.update()
@@ -530,26 +536,10 @@ def test_a_protocol_optimizer_gets_unscaled_gradients_and_the_flag(scaler):
     next(model.parameters()).grad.view(-1)[0] = math.inf
     p = params(model)
     assert scaler.step(opt) == "skipped-on-device"
-    assert opt.seen[-1] == (None, 1.0)
+    assert opt.seen[-1] == (given_scale, 1.0)
     assert scaler.step_skipped(opt) and same(params(model), p)
     scaler.update()
     assert scaler.get_scale() == 512.0
-
-
-def test_a_scaler_aware_optimizer_gets_the_scale_and_the_flag_and_unscales_itself(scaler):
-    model = make_model()
-    opt = ScalerAwareSGD(model.parameters(), lr=0.1)
-    control = make_model()
-    backward(scaler, model)
-    scaled = grads(model)
-    assert scaler.step(opt) == "ran"
-    assert opt.seen == [(1024.0, 0.0)]
-    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
-    # the scaler only checked the gradients: they are still scaled
-    assert same(grads(model), scaled)
-    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
-    assert same(params(model), expect)
-    scaler.update()
 
 
 def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overflow(scaler):
