@@ -7,6 +7,7 @@
 #include "amp/cuda/clip_factors_kernel.h"
 #include "amp/cuda/unscale_kernels.h"
 #include "amp/cuda/update_scale_kernel.h"
+#include "cuda_common/stream_capture.h"
 #include "cuda_common/table_cache.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -166,12 +167,10 @@ void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
 // Not while the stream is captured into a CUDA graph: the copy would land only when the
 // graph is replayed, so the flag is then read as before, where it lies.
 PendingFlagRead table_start_flag_read_(const at::Tensor& found_inf) {
-  c10::cuda::CUDAGuard guard(found_inf.device());
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(), &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
+  if (cuda_common::current_stream_capturing(found_inf.device())) {
     return PendingFlagRead();
   }
+  c10::cuda::CUDAGuard guard(found_inf.device());
   PendingFlagRead read;
   read.host = at::empty({}, found_inf.options().device(at::kCPU).pinned_memory(true));
   read.host.copy_(found_inf, /*non_blocking=*/true);

@@ -5,6 +5,7 @@
 // CUDA LibTorch.
 
 #include "optim/fused_backend.h"
+#include "cuda_common/stream_capture.h"
 #include "cuda_common/table_cache.h"
 #include "optim/cuda/fused_kernels.h"
 
@@ -56,16 +57,11 @@ void table_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const SgdHype
               });
 }
 
-bool capturing(const at::Device& device) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(device.index()), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 }  // namespace
 
 const detail::FusedOptimBackend& fused_backend() {
-  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_, capturing};
+  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_,
+                                               cuda_common::current_stream_capturing};
   return table;
 }
 
