@@ -132,12 +132,20 @@ class FusedGroup {
       checked.push_back(&s);
     }
     const TensorList grads = grads_of(with_grad);
+    std::vector<int> bucket_of_grad(with_grad.size());
     for (Group& g : group_by_device_and_dtype(name_.c_str(), with_grad, grads, checked)) {
-      Kept kept{g.bucket.device, g.bucket.dtype, g.index, {}};
+      Kept kept{g.bucket.device, g.bucket.dtype, g.index, {TensorList(), TensorList()}};
       for (const TensorList& s : states) {
-        kept.states.push_back(pick(s, g.index));
+        kept.lists.push_back(pick(s, g.index));
+      }
+      for (size_t i : g.index) {
+        bucket_of_grad[i] = static_cast<int>(kept_.size());
       }
       kept_.push_back(std::move(kept));
+    }
+    size_t k = 0;
+    for (bool has : has_grad_) {
+      bucket_of_.push_back(has ? bucket_of_grad[k++] : -1);
     }
   }
 
@@ -146,8 +154,8 @@ class FusedGroup {
              const c10::optional<at::Tensor>& grad_scale,
              const c10::optional<at::Tensor>& found_inf) {
     const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay};
-    return run(params_list, [&](const Bucket& bucket, const std::vector<TensorList>& lists) {
-      optim::detail::launch_adam(bucket, lists, hyper, or_undefined(grad_scale),
+    return run(params_list, [&](const at::Device& device, const std::vector<TensorList>& lists) {
+      optim::detail::launch_adam(device, lists, hyper, or_undefined(grad_scale),
                                  or_undefined(found_inf));
     });
   }
@@ -156,18 +164,21 @@ class FusedGroup {
             double weight_decay, bool nesterov, const c10::optional<at::Tensor>& grad_scale,
             const c10::optional<at::Tensor>& found_inf) {
     const SgdHyper hyper{lr, momentum, dampening, weight_decay, nesterov};
-    return run(params_list, [&](const Bucket& bucket, const std::vector<TensorList>& lists) {
-      optim::detail::launch_sgd(bucket, lists, hyper, or_undefined(grad_scale),
+    return run(params_list, [&](const at::Device& device, const std::vector<TensorList>& lists) {
+      optim::detail::launch_sgd(device, lists, hyper, or_undefined(grad_scale),
                                 or_undefined(found_inf));
     });
   }
 
  private:
+  // One device and dtype of the group. `lists` is the launch's argument: the parameters
+  // and their gradients (filled for one launch, then emptied, so that no tensor of a
+  // parameter is held between steps), then the state lists, kept.
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
-    std::vector<size_t> index;        // into the parameters that have a gradient
-    std::vector<TensorList> states;   // aligned with index
+    std::vector<size_t> index;       // into the parameters that have a gradient
+    std::vector<TensorList> lists;   // [params, grads, states...], aligned with index
   };
 
   static TensorList grads_of(const TensorList& params) {
@@ -209,33 +220,104 @@ class FusedGroup {
     return true;
   }
 
-  template <typename Launch>
-  bool run(const py::list& params_list, Launch launch) {
-    TensorList with_grad;
-    if (!matches(params_list, &with_grad)) {
+  // Empties every bucket's parameter and gradient lists when it goes out of scope.
+  struct ReleaseLaunchLists {
+    std::vector<Kept>& kept;
+    ~ReleaseLaunchLists() {
+      for (Kept& k : kept) {
+        k.lists[0].clear();
+        k.lists[1].clear();
+      }
+    }
+  };
+
+  // Fills the launch lists when nothing changed since the group was built: the same
+  // parameter objects, sizes, devices and dtypes, gradients exactly where they were, each
+  // dense and contiguous with its parameter's dtype and device. This is every step of a
+  // steady training loop, so it checks only that, without copying any list; false sends
+  // the step through fill_checked, which tells what changed or raises.
+  bool fill_unchanged(const py::list& params_list) {
+    if (PyList_GET_SIZE(params_list.ptr()) != static_cast<Py_ssize_t>(params_.size())) {
       return false;
     }
-    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      PyObject* item = PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i));
+      // params_ holds the objects, so an address is not reused while they are compared.
+      if (item != params_[i].ptr()) {
+        return false;
+      }
+      const at::Tensor& p = THPVariable_Unpack(item);
+      const at::Tensor& g = p.grad();
+      const int b = bucket_of_[i];
+      if (p.numel() != numel_[i] || g.defined() != (b >= 0)) {
+        return false;
+      }
+      if (b < 0) {
+        continue;
+      }
+      Kept& k = kept_[static_cast<size_t>(b)];
+      if (p.device() != k.device || p.scalar_type() != k.dtype || !p.is_contiguous() ||
+          g.layout() != c10::kStrided || g.device() != k.device || g.scalar_type() != k.dtype ||
+          !g.is_contiguous()) {
+        return false;
+      }
+      k.lists[0].push_back(p);
+      k.lists[1].push_back(g);
+    }
+    return true;
+  }
+
+  // The checked way to the launch lists: every gradient is checked (and raises) before
+  // any kernel runs; a non-contiguous parameter or gradient goes through a contiguous
+  // copy, copied back into the parameter after the launch. Returns null, with nothing
+  // filled, when the group changed (another parameter list, set of gradients, device or
+  // dtype) and must be gathered anew; otherwise the buckets, for their write-back.
+  c10::optional<std::vector<Group>> fill_checked(const py::list& params_list) {
+    TensorList with_grad;
+    if (!matches(params_list, &with_grad)) {
+      return c10::nullopt;
+    }
     const TensorList grads = grads_of(with_grad);
-    // every gradient checked before any kernel runs
-    const std::vector<Group> groups =
-        group_by_device_and_dtype(name_.c_str(), with_grad, grads, {});
+    std::vector<Group> groups = group_by_device_and_dtype(name_.c_str(), with_grad, grads, {});
     // A parameter moved to another device or dtype (model.to(...)) since: gather anew.
     if (groups.size() != kept_.size()) {
-      return false;
+      return c10::nullopt;
     }
     for (size_t b = 0; b < groups.size(); ++b) {
       if (groups[b].bucket.device != kept_[b].device || groups[b].bucket.dtype != kept_[b].dtype ||
           groups[b].index != kept_[b].index) {
-        return false;
+        return c10::nullopt;
       }
     }
     for (size_t b = 0; b < groups.size(); ++b) {
-      const Group& g = groups[b];
-      const Kept& kept = kept_[b];
-      std::vector<TensorList> lists{g.bucket.params, g.bucket.grads};
-      lists.insert(lists.end(), kept.states.begin(), kept.states.end());
-      launch(g.bucket, lists);
+      kept_[b].lists[0] = groups[b].bucket.params;
+      kept_[b].lists[1] = groups[b].bucket.grads;
+    }
+    return groups;
+  }
+
+  // launch(device, lists) once per bucket; false (nothing done) when the group changed.
+  template <typename Launch>
+  bool run(const py::list& params_list, Launch launch) {
+    ReleaseLaunchLists release{kept_};
+    torch::NoGradGuard no_grad;
+    if (fill_unchanged(params_list)) {
+      for (const Kept& k : kept_) {
+        launch(k.device, k.lists);
+      }
+      return true;
+    }
+    for (Kept& k : kept_) {
+      k.lists[0].clear();
+      k.lists[1].clear();
+    }
+    const c10::optional<std::vector<Group>> groups = fill_checked(params_list);
+    if (!groups) {
+      return false;
+    }
+    for (size_t b = 0; b < kept_.size(); ++b) {
+      launch(kept_[b].device, kept_[b].lists);
+      (*groups)[b].bucket.write_back();
     }
     return true;
   }
@@ -246,6 +328,7 @@ class FusedGroup {
   std::vector<py::object> params_;
   std::vector<int64_t> numel_;  // each parameter's size when built
   std::vector<bool> has_grad_;  // which had a gradient when built
+  std::vector<int> bucket_of_;  // each parameter's bucket in kept_, -1 without a gradient
   std::vector<Kept> kept_;
 };
 

@@ -63,27 +63,37 @@ std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
 
 namespace {
 
-// The table for the bucket's device. bucket_group has refused every device other than
-// the CPU and CUDA, and lucid-amp is built with its CUDA kernels whenever its LibTorch
-// has CUDA, so a missing table is an internal error.
-const FusedOptimBackend& backend_for(const Bucket& bucket) {
-  const FusedOptimBackend* table = find_fused_backend(bucket.device.type());
+// The table for `device`. bucket_group has refused every device other than the CPU and
+// CUDA, and lucid-amp is built with its CUDA kernels whenever its LibTorch has CUDA, so a
+// missing table is an internal error.
+const FusedOptimBackend& backend_for(const at::Device& device) {
+  const FusedOptimBackend* table = find_fused_backend(device.type());
   TORCH_INTERNAL_ASSERT(table != nullptr, "lucid-amp has no fused optimizer kernels for ",
-                        bucket.device, " in this build");
+                        device, " in this build");
   return *table;
 }
 
 }  // namespace
 
+void launch_adam(const at::Device& device, const std::vector<std::vector<at::Tensor>>& lists,
+                 const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
+  backend_for(device).adam_(lists, hyper, scale, found_inf);
+}
+
+void launch_sgd(const at::Device& device, const std::vector<std::vector<at::Tensor>>& lists,
+                const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
+  backend_for(device).sgd_(lists, hyper, scale, found_inf);
+}
+
 void launch_adam(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                  const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
-  backend_for(bucket).adam_(lists, hyper, scale, found_inf);
+  launch_adam(bucket.device, lists, hyper, scale, found_inf);
   bucket.write_back();
 }
 
 void launch_sgd(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                 const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf) {
-  backend_for(bucket).sgd_(lists, hyper, scale, found_inf);
+  launch_sgd(bucket.device, lists, hyper, scale, found_inf);
   bucket.write_back();
 }
 

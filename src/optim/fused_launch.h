@@ -44,6 +44,13 @@ void launch_adam(const Bucket& bucket, const std::vector<std::vector<at::Tensor>
 void launch_sgd(const Bucket& bucket, const std::vector<std::vector<at::Tensor>>& lists,
                 const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
 
+// The same launches over lists that are all contiguous already, on `device`: nothing to
+// copy back afterwards.
+void launch_adam(const at::Device& device, const std::vector<std::vector<at::Tensor>>& lists,
+                 const AdamHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
+void launch_sgd(const at::Device& device, const std::vector<std::vector<at::Tensor>>& lists,
+                const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
+
 // The device copies of the schedulable hyper-parameters (NOTE: [Hyper-parameters on the
 // device]) for a bucket on a CUDA device, brought up to these values; null for the CPU,
 // whose kernels read the host values of their launch.

@@ -203,6 +203,47 @@ def test_a_loaded_state_of_the_wrong_size_raises_instead_of_being_walked_past_it
 
 
 @pytest.mark.parametrize("case", ["adamw", "sgd-momentum"])
+def test_strided_parameters_and_gradients_between_steady_steps(case):
+    """A steady step launches from the kept lists; a step whose parameter or gradient is
+    not contiguous goes through a contiguous copy that is written back, and the result
+    matches torch.optim either way."""
+    fused_cls, torch_cls, kwargs = CASES[case]
+    a = torch.nn.Parameter(torch.randn(6, 4).t())  # not contiguous from the start
+    b = torch.nn.Parameter(torch.randn(5))
+    ref = [torch.nn.Parameter(a.detach().clone()), torch.nn.Parameter(b.detach().clone())]
+    opt, opt_ref = fused_cls([a, b], **kwargs), torch_cls(ref, **kwargs)
+    g = torch.Generator().manual_seed(3)
+    for i in range(8):
+        ga, gb = torch.randn(6, 4, generator=g).t(), torch.randn(5, generator=g)
+        if i % 3 == 0:  # contiguous gradients on some steps, strided on others
+            ga = ga.contiguous()
+        for params, o in (([a, b], opt), (ref, opt_ref)):
+            params[0].grad, params[1].grad = ga.clone(), gb.clone()
+            if i % 3 == 1:
+                params[0].grad = ga.t().contiguous().t()
+            o.step()
+        torch.testing.assert_close(a, ref[0], **TOL)
+        torch.testing.assert_close(b, ref[1], **TOL)
+    assert not a.is_contiguous()  # written back into the parameter, not replaced
+
+
+def test_a_gradient_that_turns_wrong_after_steady_steps_raises_before_any_change():
+    p, q = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))
+    opt = FusedAdamW([p, q])
+    for _ in range(2):
+        p.grad, q.grad = torch.ones(4), torch.ones(2)
+        opt.step()
+    before = [p.detach().clone(), q.detach().clone()]
+    p.grad, q.grad = torch.ones(4), torch.ones(2).to_sparse()
+    with pytest.raises(NotImplementedError, match="sparse"):
+        opt.step()
+    assert torch.equal(p.detach(), before[0]) and torch.equal(q.detach(), before[1])
+    q.grad = torch.ones(2)
+    opt.step()  # and the group steps again once the gradient is right
+    assert not torch.equal(p.detach(), before[0])
+
+
+@pytest.mark.parametrize("case", ["adamw", "sgd-momentum"])
 def test_kept_state_lists_follow_every_change_of_the_group(case):
     """The fused optimizers keep each group's state lists between steps; every change that
     torch.optim would see on its next step is seen here too: a parameter that gains or
