@@ -5,7 +5,8 @@
 //  * read-only check (4 bytes per gradient);
 //  * scaler step+update over the bare fused step, default mode and graph_safe mode;
 //  * the clipped loop over the bare step of FusedAdamW, torch::optim::AdamW and
-//    torch::optim::SGD, by CUDA events and by the host's clock in the same iterations,
+//    torch::optim::SGD; again with the two loops' iterations alternating, by CUDA events
+//    and by the host's clock in the same iterations,
 //    with the host time of each call (where a host-bound step's loop spends its time)
 //    and, for torch::optim's optimizers, the bare step's kernels alone replayed from a
 //    CUDA graph (how busy the step keeps the device);
@@ -57,25 +58,48 @@ double median_ms(const std::function<void()>& fn, int iters = 20, int warm = 5) 
   return times[times.size() / 2];
 }
 
-// Medians of one call's CUDA-event time and of its wall time (the host's clock from an
-// idle device to the end of the call's last kernel), from the same iterations.
-std::pair<double, double> event_and_wall_ms(const std::function<void()>& fn, int iters = 20) {
-  for (int i = 0; i < 5; ++i) fn();
-  std::vector<double> events, wall;
-  for (int i = 0; i < iters; ++i) {
-    torch::cuda::synchronize();
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    const auto t0 = std::chrono::steady_clock::now();
-    start.record();
-    fn();
-    stop.record();
-    stop.synchronize();
-    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    events.push_back(start.elapsed_time(stop));
+// One timed iteration of `fn` from an idle device: {CUDA-event time, wall time (the host's
+// clock to the end of the call's last kernel)} in ms.
+std::pair<double, double> event_and_wall_once(const std::function<void()>& fn) {
+  torch::cuda::synchronize();
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+  const auto t0 = std::chrono::steady_clock::now();
+  start.record();
+  fn();
+  stop.record();
+  stop.synchronize();
+  const double wall =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return {start.elapsed_time(stop), wall};
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Event and wall-time medians of `a` and of `b`, their iterations alternating: a host
+// whose speed drifts during the run (a host-bound step shows it) moves both alike, so
+// their ratio holds where two separate runs would disagree.
+struct AlternatingMedians {
+  std::pair<double, double> a, b;  // {events, wall}
+};
+AlternatingMedians alternating_event_and_wall_ms(const std::function<void()>& a,
+                                                 const std::function<void()>& b, int iters = 20) {
+  for (int i = 0; i < 5; ++i) {
+    a();
+    b();
   }
-  std::sort(events.begin(), events.end());
-  std::sort(wall.begin(), wall.end());
-  return {events[events.size() / 2], wall[wall.size() / 2]};
+  std::vector<double> a_events, a_wall, b_events, b_wall;
+  for (int i = 0; i < iters; ++i) {
+    const auto ta = event_and_wall_once(a);
+    const auto tb = event_and_wall_once(b);
+    a_events.push_back(ta.first);
+    a_wall.push_back(ta.second);
+    b_events.push_back(tb.first);
+    b_wall.push_back(tb.second);
+  }
+  return {{median_of(a_events), median_of(a_wall)}, {median_of(b_events), median_of(b_wall)}};
 }
 
 // Medians of two consecutive parts, timed with three events per call.
@@ -255,17 +279,20 @@ void clip_rows(const char* name, torch::optim::Optimizer& opt, std::vector<torch
   std::printf("  %-22s bare %8.3f ms | clip_grad_norm_+step+update %8.3f ms (%.3fx) | unscale_+"
               "torch clip+step+update %8.3f ms (%.3fx)\n",
               name, bare, fused, fused / bare, control, control / bare);
-  // The same two loops timed from an idle device to the end of their last kernel on the
-  // host's clock, beside the events in the same iterations: where the host's enqueue is
-  // longer than the device's work, this is the time an iteration takes.
-  const auto bare_both = event_and_wall_ms([&] { opt.step(); });
-  const auto fused_both = event_and_wall_ms([&] {
+  // The same two loops again, their iterations alternating, timed from an idle device to
+  // the end of their last kernel on the host's clock beside the events of the same
+  // iterations: where the host's enqueue is longer than the device's work, the clock is
+  // the time an iteration takes.
+  const auto clipped_loop = [&] {
     scaler.clip_grad_norm_(opt, 1.0);
     scaler.step(opt);
     scaler.update();
-  });
-  std::printf("  %-22s events %8.3f / %8.3f ms (%.3fx) | wall clock %8.3f / %8.3f ms (%.3fx)"
-              " (bare / clip_grad_norm_+step+update)\n",
+  };
+  const AlternatingMedians both = alternating_event_and_wall_ms([&] { opt.step(); }, clipped_loop);
+  const auto& bare_both = both.a;
+  const auto& fused_both = both.b;
+  std::printf("  %-22s alternating: events %8.3f / %8.3f ms (%.3fx) | wall clock %8.3f / %8.3f"
+              " ms (%.3fx) (bare / clip_grad_norm_+step+update)\n",
               "", bare_both.first, fused_both.first, fused_both.first / bare_both.first,
               bare_both.second, fused_both.second, fused_both.second / bare_both.second);
   // How busy the bare step keeps the device: a step whose kernels take about its whole

@@ -177,8 +177,8 @@ class FusedGroup {
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
-    std::vector<size_t> index;       // into the parameters that have a gradient
-    std::vector<TensorList> lists;   // [params, grads, states...], aligned with index
+    std::vector<size_t> index;      // into the parameters that have a gradient
+    std::vector<TensorList> lists;  // [params, grads, states...], aligned with index
   };
 
   static TensorList grads_of(const TensorList& params) {

@@ -68,8 +68,8 @@ namespace {
 // missing table is an internal error.
 const FusedOptimBackend& backend_for(const at::Device& device) {
   const FusedOptimBackend* table = find_fused_backend(device.type());
-  TORCH_INTERNAL_ASSERT(table != nullptr, "lucid-amp has no fused optimizer kernels for ",
-                        device, " in this build");
+  TORCH_INTERNAL_ASSERT(table != nullptr, "lucid-amp has no fused optimizer kernels for ", device,
+                        " in this build");
   return *table;
 }
 
