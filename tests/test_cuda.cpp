@@ -323,10 +323,18 @@ TEST_F(Cuda, ReadOnlyCheckWritesNothingAndFindsOverflowAfterScaling) {
 
 using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
 
-void expect_fused_matches_torch_on(const torch::Device& device, Factory fused, Factory reference) {
+// A large and a small tensor and one of 1M elements: the launches take full chunks.
+std::vector<torch::Tensor> mixed_sizes(const torch::Device& device) {
+  return {torch::randn({300, 301}, device), torch::randn({7}, device),
+          torch::randn({1 << 20}, device)};
+}
+
+void expect_fused_matches_torch_on(const torch::Device& device, Factory fused, Factory reference,
+                                   std::vector<torch::Tensor> a = {}) {
   torch::manual_seed(5);
-  std::vector<torch::Tensor> a{torch::randn({300, 301}, device), torch::randn({7}, device),
-                               torch::randn({1 << 20}, device)};
+  if (a.empty()) {
+    a = mixed_sizes(device);
+  }
   std::vector<torch::Tensor> b;
   for (auto& p : a) {
     p.requires_grad_(true);
@@ -368,6 +376,29 @@ TEST_F(Cuda, FusedAdamWMatchesTorchOver100Steps) {
       gpu,
       [](auto p) { return std::make_unique<lucid::optim::FusedAdamW>(p, lucid::optim::FusedAdamWOptions(1e-3)); },
       [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3)); });
+}
+
+// 300 tensors of 1 to 37 elements: the launches take chunks of about the mean tensor
+// size, so blocks begin and end inside and between tensors of every size.
+TEST_F(Cuda, FusedOptimizersOnManySmallTensorsMatchTorchOver100Steps) {
+  auto small_sizes = [this] {
+    torch::manual_seed(6);
+    std::vector<torch::Tensor> a;
+    for (int i = 0; i < 300; ++i) {
+      a.push_back(torch::randn({1 + (i * 7) % 37}, gpu));
+    }
+    return a;
+  };
+  expect_fused_matches_torch_on(
+      gpu,
+      [](auto p) { return std::make_unique<lucid::optim::FusedAdamW>(p, lucid::optim::FusedAdamWOptions(1e-3).weight_decay(0.1)); },
+      [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(1e-3).weight_decay(0.1)); },
+      small_sizes());
+  expect_fused_matches_torch_on(
+      gpu,
+      [](auto p) { return std::make_unique<lucid::optim::FusedSGD>(p, lucid::optim::FusedSGDOptions(0.01).momentum(0.9)); },
+      [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.01).momentum(0.9)); },
+      small_sizes());
 }
 
 #ifdef LUCID_AMP_WITH_CUDA

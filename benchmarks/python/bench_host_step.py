@@ -9,9 +9,11 @@ N one-element float32 parameters (144 by default, the tensor count of bench_loop
     installed PyTorch has it for the device),
 as the best of 5 runs of `iters` back-to-back calls (per call, in microseconds). On a GPU
 the calls are asynchronous and this is the time the host spends enqueueing them; on the
-CPU it includes the kernels, which for one-element tensors cost little.
+CPU it includes the kernels, which for one-element tensors cost little. With --sync each
+call is followed by a device synchronisation: on a GPU, the time of one whole step,
+host and kernels, which for one-element tensors is the kernels' latency.
 
-Usage: python3 bench_host_step.py [--device cpu|cuda] [--tensors N] [--iters K]
+Usage: python3 bench_host_step.py [--device cpu|cuda] [--tensors N] [--iters K] [--sync]
 """
 import argparse
 import time
@@ -22,18 +24,25 @@ import lucid_amp
 from lucid_amp.optim import FusedAdamW
 
 
-def per_call_us(fn, iters, device):
-    for _ in range(max(iters // 10, 10)):
+def per_call_us(fn, iters, device, sync):
+    def wait():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def call():
         fn()
+        if sync:
+            wait()
+
+    for _ in range(max(iters // 10, 10)):
+        call()
     best = float("inf")
     for _ in range(5):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        wait()
         start = time.perf_counter()
         for _ in range(iters):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
+            call()
+        wait()
         best = min(best, (time.perf_counter() - start) / iters * 1e6)
     return best
 
@@ -51,10 +60,11 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--tensors", type=int, default=144)
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--sync", action="store_true", help="synchronise after every call")
     args = parser.parse_args()
     dev, n, iters = args.device, args.tensors, args.iters
     print(f"torch {torch.__version__}, device {dev}, {n} one-element parameters, "
-          f"best of 5 runs of {iters} calls")
+          f"best of 5 runs of {iters} calls" + (", each synchronised" if args.sync else ""))
 
     params = make_params(n, dev)
     opt = FusedAdamW(params, lr=1e-3)
@@ -83,7 +93,7 @@ def main():
             continue
         rows.append((f"torch.optim.AdamW({kind}=True): step()", ref.step))
     for name, fn in rows:
-        print(f"  {name:<55} {per_call_us(fn, iters, dev):8.2f} us per call")
+        print(f"  {name:<55} {per_call_us(fn, iters, dev, args.sync):8.2f} us per call")
 
 
 if __name__ == "__main__":

@@ -265,6 +265,22 @@ inline int grid_for(const Table& table) {
   return static_cast<int>(blocks > 0 ? blocks : 1);
 }
 
+// NOTE: [Chunks for lists of small tensors]
+// A block walks the tensors of its chunk one after another, and each costs dependent
+// loads before its first element (its pointers; for the optimizers, its step counter),
+// about a microsecond of memory latency. In fixed chunks, a list of many small tensors
+// leaves that walk to a few blocks: 144 one-element tensors are one block of the
+// optimizers' 16K chunk. chunk_for_list caps a launch's chunk at the list's mean tensor
+// size (rounded up to a multiple of 8), so that a block meets only a few tensors and the
+// walk is shared by as many blocks as there are tensors; a list whose mean tensor fills a
+// chunk keeps the chunk it asked for. docs/PERFORMANCE.md has the timings.
+inline int64_t chunk_for_list(const TensorTable& t, int64_t chunk) {
+  if (t.num_tensors == 0) return chunk;
+  const int64_t mean = (t.total_elements + t.num_tensors - 1) / t.num_tensors;
+  const int64_t rounded = (mean + 7) / 8 * 8;
+  return rounded < 8 ? 8 : (rounded < chunk ? rounded : chunk);
+}
+
 // Bytes of dynamic shared memory for a kernel that stages the offsets of `table`.
 inline size_t offsets_bytes(const Table& table) { return (table.n + 1) * sizeof(int64_t); }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The fused optimizers' multi-tensor CUDA kernels: Adam/AdamW, SGD and the step counter
 // increment. NOTE: [Multi-tensor ranges] in cuda_common/tensor_table.h says how work is
-// split; the optimizers use the default chunk (NOTE: [Chunk size]).
+// split; the optimizers use the default chunk (NOTE: [Chunk size]), or less for lists of
+// small tensors (NOTE: [Chunks for lists of small tensors]).
 
 #include "optim/cuda/fused_kernels.cuh"
 
@@ -35,7 +36,8 @@ template <typename Hyper>
 cudaError_t launch_fused(const TensorTable& t, ElementType type, const Hyper& h, const float* scale,
                          const float* found_inf, cudaStream_t stream) {
   if (t.total_elements == 0) return cudaSuccess;
-  const Table table = cuda_common::device_table(t);
+  const Table table =
+      cuda_common::device_table(t, cuda_common::chunk_for_list(t, cuda_common::kChunkElements));
   return type == ElementType::kFloat64
              ? cuda_common::launch_on_table(kernel_for<double>(h), table, kThreads, 0, stream, h,
                                             scale, found_inf)
