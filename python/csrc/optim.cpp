@@ -103,12 +103,13 @@ class FusedGroup {
   FusedGroup(std::string name, const py::list& params_list, std::vector<TensorList> states)
       : name_(std::move(name)) {
     TensorList with_grad;
+    std::vector<bool> has_grad;
     for (const py::handle item : params_list) {
       const at::Tensor p = py::cast<at::Tensor>(item);
       params_.push_back(py::reinterpret_borrow<py::object>(item));
       numel_.push_back(p.numel());
-      has_grad_.push_back(p.grad().defined());
-      if (has_grad_.back()) {
+      has_grad.push_back(p.grad().defined());
+      if (has_grad.back()) {
         with_grad.push_back(p);
       }
     }
@@ -144,7 +145,7 @@ class FusedGroup {
       kept_.push_back(std::move(kept));
     }
     size_t k = 0;
-    for (bool has : has_grad_) {
+    for (bool has : has_grad) {
       bucket_of_.push_back(has ? bucket_of_grad[k++] : -1);
     }
   }
@@ -210,25 +211,29 @@ class FusedGroup {
         return false;
       }
       const at::Tensor& p = THPVariable_Unpack(item);
-      if (p.numel() != numel_[i] || p.grad().defined() != has_grad_[i]) {
+      const bool has_grad = bucket_of_[i] >= 0;
+      if (p.numel() != numel_[i] || p.grad().defined() != has_grad) {
         return false;
       }
-      if (has_grad_[i]) {
+      if (has_grad) {
         with_grad->push_back(p);
       }
     }
     return true;
   }
 
-  // Empties every bucket's parameter and gradient lists when it goes out of scope.
-  struct ReleaseLaunchLists {
-    std::vector<Kept>& kept;
-    ~ReleaseLaunchLists() {
-      for (Kept& k : kept) {
-        k.lists[0].clear();
-        k.lists[1].clear();
-      }
+  // Empties every bucket's parameter and gradient lists.
+  void release_launch_lists() {
+    for (Kept& k : kept_) {
+      k.lists[0].clear();
+      k.lists[1].clear();
     }
+  }
+
+  // Calls release_launch_lists() when it goes out of scope.
+  struct ReleaseLaunchLists {
+    FusedGroup& group;
+    ~ReleaseLaunchLists() { group.release_launch_lists(); }
   };
 
   // Fills the launch lists when nothing changed since the group was built: the same
@@ -299,7 +304,7 @@ class FusedGroup {
   // launch(device, lists) once per bucket; false (nothing done) when the group changed.
   template <typename Launch>
   bool run(const py::list& params_list, Launch launch) {
-    ReleaseLaunchLists release{kept_};
+    ReleaseLaunchLists release{*this};
     torch::NoGradGuard no_grad;
     if (fill_unchanged(params_list)) {
       for (const Kept& k : kept_) {
@@ -307,10 +312,7 @@ class FusedGroup {
       }
       return true;
     }
-    for (Kept& k : kept_) {
-      k.lists[0].clear();
-      k.lists[1].clear();
-    }
+    release_launch_lists();  // what fill_unchanged filled before it stopped
     const c10::optional<std::vector<Group>> groups = fill_checked(params_list);
     if (!groups) {
       return false;
@@ -327,8 +329,8 @@ class FusedGroup {
   // torch.utils.swap_tensors refuses a tensor that anything else references.
   std::vector<py::object> params_;
   std::vector<int64_t> numel_;  // each parameter's size when built
-  std::vector<bool> has_grad_;  // which had a gradient when built
-  std::vector<int> bucket_of_;  // each parameter's bucket in kept_, -1 without a gradient
+  // Each parameter's bucket in kept_; -1 for one that had no gradient when built.
+  std::vector<int> bucket_of_;
   std::vector<Kept> kept_;
 };
 
