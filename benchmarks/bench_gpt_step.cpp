@@ -9,7 +9,6 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 
-#include "compat/torch_compat.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -50,7 +49,6 @@ TORCH_MODULE(Block);
 
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-#if LUCID_TORCH_AT_LEAST(2, 0)
   const int64_t d = 768, layers = 12, t = 512, b = 16;
   torch::manual_seed(0);
   torch::nn::Sequential model;
@@ -85,8 +83,5 @@ int main() {
   std::sort(times.begin(), times.end());
   std::printf("gpt-small fp16 autocast + GradScaler + FusedAdamW step (C++): median %.3f ms, scale %.0f\n",
               times[times.size() / 2], scaler.get_scale());
-#else
-  std::printf("needs LibTorch >= 2.0 (scaled_dot_product_attention)\n");
-#endif
   return 0;
 }

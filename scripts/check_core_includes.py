@@ -27,6 +27,10 @@ FORBIDDEN = "torch/optim/optimizer.h"
 
 def headers_of(entry):
     args = shlex.split(entry["command"]) if "command" in entry else list(entry["arguments"])
+    # The precompiled header is forced in as `-include .../cmake_pch.hxx`: drop the pair,
+    # so that -M lists what the file itself includes.
+    pairs = [i for i, a in enumerate(args[:-1]) if a == "-include" and "cmake_pch" in args[i + 1]]
+    args = [a for i, a in enumerate(args) if i not in pairs and i - 1 not in pairs]
     out = []
     skip = False
     for a in args:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Builds the libFuzzer target fuzz/fuzz_state_load.cpp with clang (-fsanitize=fuzzer,
-# address,undefined, on lucid-amp's own code; LibTorch is the Debian build, not
+# address,undefined, on lucid-amp's own code; LibTorch is the .venv's wheel, not
 # instrumented) and runs it for a bounded time, starting from the committed corpus
 # fuzz/corpus. New interesting inputs go to $build_dir/corpus-new (not committed).
 #
@@ -23,10 +23,13 @@ esac
 
 # clang 14 with its runtime libraries (libFuzzer, ASan, UBSan live in libclang-rt-14-dev),
 # zlib for the inflate differential check.
-packages=(cmake make clang libclang-rt-14-dev zlib1g-dev libtorch-dev)
+packages=(cmake make ninja-build clang libclang-rt-14-dev zlib1g-dev)
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"
 install_packages "${packages[@]}"
+# shellcheck source=lib/venv.sh
+source "$root/scripts/lib/venv.sh"
+ensure_venv
 
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 # vptr checks compare type info across the uninstrumented LibTorch; off to avoid noise.
@@ -34,7 +37,8 @@ flags+=" -fno-sanitize=vptr -fno-omit-frame-pointer -g"
 echo "== configuring the fuzz build in $build_dir (clang++)"
 # The log stays inside the (git-ignored) build folder.
 mkdir -p "$build_dir"
-cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DTorch_DIR="$LUCID_AMP_TORCH_DIR" \
   -DCMAKE_CXX_FLAGS="$flags" -DLUCID_AMP_BUILD_TESTS=OFF -DLUCID_AMP_BUILD_EXAMPLES=OFF \
   -DLUCID_AMP_BUILD_FUZZERS=ON >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log"; exit 1; }
 echo "== building fuzz_state_load"

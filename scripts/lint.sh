@@ -3,7 +3,7 @@
 # Style checks; scripts/test.sh runs them after the build (they need its
 # compile_commands.json). Both cover the library: src/ and include/.
 #   clang-format (.clang-format): every line of src/ and include/ changed since the commit
-#     that added .clang-format (and not yet committed) must come out of clang-format-14
+#     that added .clang-format (and not yet committed) must come out of clang-format
 #     unchanged. Code older than the style file was wrapped by hand and is reformatted
 #     when it is touched; LUCID_AMP_LINT_FORMAT=all checks whole files instead.
 #   clang-tidy (.clang-tidy, which lists the checks and why some are off): every src/ file
@@ -17,26 +17,26 @@ cd "$root"
 
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"
-install_packages clang-format-14 clang-tidy-14 git
+install_packages clang-format clang-tidy git
 
 status=0
 if [ "$what" = all ] || [ "$what" = format ]; then
   if [ "${LUCID_AMP_LINT_FORMAT:-changed}" = all ]; then
     echo "== clang-format: whole files of src/ and include/"
     mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'include/*.h')
-    clang-format-14 --dry-run --Werror "${files[@]}" || status=1
+    clang-format --dry-run --Werror "${files[@]}" || status=1
   else
     added=$(git log --diff-filter=A --format=%H -- .clang-format | tail -1)
     base=${added:+$added^}
     base=${base:-HEAD}
     echo "== clang-format: lines of src/ and include/ changed since $(git rev-parse --short "$base")"
     # git-clang-format 14 exits 0 whatever it finds: a diff in its output is the failure.
-    out=$(git clang-format-14 --binary clang-format-14 --diff --extensions h,cpp,cu,cuh \
+    out=$(git clang-format --binary clang-format --diff --extensions h,cpp,cu,cuh \
             "$base" -- src include) || status=1
     echo "$out"
     if [ -n "$out" ] && ! grep -qxE 'no modified files to format|clang-format did not modify any files' \
          <<<"$out"; then
-      echo "lint: the lines above are not formatted: run git clang-format-14 $base"
+      echo "lint: the lines above are not formatted: run git clang-format $base"
       status=1
     fi
   fi
@@ -49,7 +49,7 @@ if [ "$what" = all ] || [ "$what" = tidy ]; then
                          sed 's/"file": "//; s/"$//' | sort -u)
   echo "== clang-tidy: ${#sources[@]} files of src/ ($(nproc) at a time)"
   printf '%s\n' "${sources[@]}" |
-    xargs -P "$(nproc)" -n 1 clang-tidy-14 -p "$build_dir" --quiet --warnings-as-errors='*' \
+    xargs -P "$(nproc)" -n 1 clang-tidy -p "$build_dir" --quiet --warnings-as-errors='*' \
       2> >(grep -v -E '^[0-9]+ warnings? (and [0-9]+ errors? )?generated\.$' >&2) || status=1
 fi
 exit "$status"

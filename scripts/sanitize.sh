@@ -3,7 +3,7 @@
 # The whole test suite under AddressSanitizer and UndefinedBehaviorSanitizer: a separate
 # build of lucid-amp, its tests and examples (gcc, -O0 -g1 -fsanitize=address,undefined),
 # then all of ctest but the packaging tests (label `packaging`: they build the library
-# again in outside projects, to test CMake, not code). LibTorch itself is Debian's build
+# again in outside projects, to test CMake, not code). LibTorch itself is the .venv's wheel
 # and is not instrumented; ASan still checks every access our code makes and every
 # allocation LibTorch makes through malloc/new. scripts/test.sh (CI's test command) runs
 # this as its last stage.
@@ -18,10 +18,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LUCID_AMP_SANITIZE_BUILD_DIR:-$root/build-sanitize}
 
 # The same packages as scripts/setup.sh (gcc's libasan/libubsan come with g++).
-packages=(cmake g++ make libtorch-dev libgtest-dev)
+packages=(cmake g++ make ninja-build libgtest-dev)
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"
 install_packages "${packages[@]}"
+# shellcheck source=lib/venv.sh
+source "$root/scripts/lib/venv.sh"
+ensure_venv
 
 # -O0 -g1 (line tables only): a third of the compile time of -O1 -g on the 2-core CI
 # machine, where every source includes LibTorch; reports still name file and line.
@@ -29,7 +32,8 @@ flags="-O0 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitiz
 # The trainer and the language model (apps/) are left to the plain stage: trained for real
 # under -O0 and the sanitizers they would take most of CI's time.
 echo "== configuring the sanitizer build in $build_dir"
-cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
+cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
+  -DTorch_DIR="$LUCID_AMP_TORCH_DIR" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DLUCID_AMP_BUILD_TESTS=ON -DLUCID_AMP_BUILD_EXAMPLES=ON -DLUCID_AMP_DISCOVER_TESTS=OFF \
   -DLUCID_AMP_BUILD_TRAINER=OFF "$@"
 echo "== building (ASan + UBSan)"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// lucid::amp::autocast on CPU (bfloat16, the only CPU autocast dtype LibTorch 1.13 has).
+// lucid::amp::autocast on CPU (bfloat16 and float16).
 
 #include <gtest/gtest.h>
 
@@ -40,13 +40,9 @@ TEST(Autocast, ForwardRunsInBFloat16WhileParametersStayFloat32) {
   EXPECT_EQ(model->forward(x).scalar_type(), torch::kFloat);
 }
 
-// LibTorch 1.13's CPU autocast accepts bfloat16 only; 2.x takes float16 too, which
-// lets the inner level change the dtype.
-#if TORCH_VERSION_MAJOR >= 2
+// CPU autocast takes float16 as well as bfloat16, which lets the inner level change the
+// dtype.
 constexpr auto kInnerCpuDtype = torch::kHalf;
-#else
-constexpr auto kInnerCpuDtype = torch::kBFloat16;
-#endif
 
 TEST(Autocast, NestedLevelsRestoreEnabledFlagAndDtype) {
   const auto dtype_before = autocast_dtype(torch::kCPU);

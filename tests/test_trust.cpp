@@ -7,7 +7,7 @@
 #include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
-#include "compat/torch_compat.h"
+#include "support/warning_collector.h"
 
 #include <cfloat>
 #include <cmath>
@@ -103,7 +103,7 @@ TEST(TrustFloor, DefaultScheduleEqualsPyTorchsUntilTheFloor) {
 TEST_P(TrustBackends, StreakWarningComesOncePerStreak) {
   GradScaler scaler(GradScalerOptions().overflow_warning_streak(5));
   ViewParam p(device());
-  lucid::compat::ScopedWarningCollector warnings;
+  lucid_test::ScopedWarningCollector warnings;
   for (int i = 0; i < 12; ++i) {
     p.iterate(scaler, true);
   }
@@ -123,7 +123,7 @@ TEST(TrustStreak, WarningCanBeSilenced) {
   for (const int64_t threshold : {int64_t{0}, int64_t{1000}}) {
     GradScaler scaler(GradScalerOptions().overflow_warning_streak(threshold));
     ViewParam p(torch::kCPU);
-    lucid::compat::ScopedWarningCollector warnings;
+    lucid_test::ScopedWarningCollector warnings;
     for (int i = 0; i < 150; ++i) {
       p.iterate(scaler, true);
     }
@@ -134,7 +134,7 @@ TEST(TrustStreak, WarningCanBeSilenced) {
 TEST(TrustStreak, DefaultWarningComesAfterOneHundredSkippedUpdates) {
   GradScaler scaler;
   ViewParam p(torch::kCPU);
-  lucid::compat::ScopedWarningCollector warnings;
+  lucid_test::ScopedWarningCollector warnings;
   for (int i = 0; i < 99; ++i) {
     p.iterate(scaler, true);
   }

@@ -3,6 +3,8 @@
 
 #include <lucid/amp/version.h>
 
+#include "compat/torch_version.h"  // the supported LibTorch versions
+
 namespace lucid {
 namespace amp {
 

@@ -46,8 +46,8 @@
 
 #include <lucid/distributed/overflow_agreement.h>
 
-#include "compat/c10d_compat.h"
-
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -62,6 +62,12 @@
 namespace lucid {
 namespace distributed {
 namespace {
+
+c10d::AllreduceOptions allreduce_options(c10d::ReduceOp::RedOpType op) {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp(op);
+  return opts;
+}
 
 double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
@@ -147,7 +153,7 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf) {
   check_one_float(found_inf, "overflow flag");
   // A 1-element view shares the flag's storage, so the in-place all-reduce lands in it.
   std::vector<at::Tensor> tensors{found_inf.view({1})};
-  all_reduce(*this, ++all_reduces_, tensors, compat::max_allreduce_options(), found_inf.is_cpu());
+  all_reduce(*this, ++all_reduces_, tensors, allreduce_options(c10d::ReduceOp::MAX), found_inf.is_cpu());
 }
 
 // NOTE: [Sharded norm agreement]
@@ -179,7 +185,7 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_par
     const at::Tensor is_nan = partial.isnan();
     std::vector<at::Tensor> payload{
         at::stack({flag, partial.masked_fill(is_nan, 0.0), is_nan.to(at::kFloat)})};
-    all_reduce(*this, ++all_reduces_, payload, compat::max_allreduce_options(), found_inf.is_cpu());
+    all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::MAX), found_inf.is_cpu());
     const at::Tensor combined = payload[0];
     found_inf.copy_(combined[0].ne(0.0));
     norm_partial.copy_(
@@ -187,7 +193,7 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_par
     return;
   }
   std::vector<at::Tensor> payload{at::stack({flag, partial})};
-  all_reduce(*this, ++all_reduces_, payload, compat::sum_allreduce_options(), found_inf.is_cpu());
+  all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::SUM), found_inf.is_cpu());
   const at::Tensor combined = payload[0];
   found_inf.copy_(combined[0].ne(0.0));
   norm_partial.copy_(combined[1]);

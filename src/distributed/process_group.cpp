@@ -1,12 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // Store and process-group factories: argument checks, the backend's own constructors,
-// and errors that say which rank waited for what. Version differences go through
-// compat/c10d_compat.h; Gloo and NCCL are compiled only where their headers exist
-// (LUCID_AMP_HAS_GLOO / LUCID_AMP_HAS_NCCL, set by CMakeLists.txt; see c10d_compat.h).
+// and errors that say which rank waited for what. Gloo and NCCL are compiled only where
+// their headers exist (LUCID_AMP_HAS_GLOO / LUCID_AMP_HAS_NCCL, set by CMakeLists.txt with
+// their USE_C10D_* twins, which guard LibTorch's own headers).
 
 #include <lucid/distributed/process_group.h>
-
-#include "compat/c10d_compat.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -21,11 +19,28 @@
 #include <c10/util/StringUtil.h>
 
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 namespace lucid {
 namespace distributed {
 namespace {
+
+// A freshly built c10d backend (ProcessGroupGloo or ProcessGroupNCCL) as the
+// c10d::ProcessGroup users pass around, serving tensors of the given device types as
+// torch.distributed does (Gloo: CPU and CUDA tensors; NCCL: CUDA ones). The timeout lives
+// in the backend's own options.
+[[maybe_unused]] c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(
+    const c10::intrusive_ptr<c10d::Backend>& backend, const c10::intrusive_ptr<c10d::Store>& store,
+    int rank, int size, std::initializer_list<c10::DeviceType> device_types,
+    c10d::ProcessGroup::BackendType type) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setDefaultBackend(type);
+  for (const c10::DeviceType device_type : device_types) {
+    group->setBackend(device_type, type, backend);
+  }
+  return group;
+}
 
 double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
@@ -142,15 +157,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<
         // The constructor is the rendezvous: it returns once every rank has connected.
         auto backend =
             c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
-        return compat::as_process_group(backend, store, rank, world_size,
-                                        {c10::DeviceType::CPU, c10::DeviceType::CUDA},
-                                        compat::C10dBackend::kGloo, options.timeout());
+        return as_process_group(backend, store, rank, world_size,
+                                {c10::DeviceType::CPU, c10::DeviceType::CUDA},
+                                c10d::ProcessGroup::BackendType::GLOO);
       });
 #else
   TORCH_CHECK_NOT_IMPLEMENTED(false,
                               "make_gloo_group: this lucid_amp::distributed was built without "
                               "Gloo (c10d's ProcessGroupGloo.hpp or the gloo headers were not "
-                              "found; on Debian install libgloo-dev and reconfigure).");
+                              "found; reconfigure with LUCID_AMP_GLOO_INCLUDE_DIR).");
 #endif
 }
 
@@ -163,8 +178,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(const c10::intrusive_ptr<
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout();  // the watchdog's bound on every collective
     auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, nccl_options);
-    return compat::as_process_group(backend, store, rank, world_size, {c10::DeviceType::CUDA},
-                                    compat::C10dBackend::kNccl, options.timeout());
+    return as_process_group(backend, store, rank, world_size, {c10::DeviceType::CUDA},
+                            c10d::ProcessGroup::BackendType::NCCL);
   });
 #else
   TORCH_CHECK_NOT_IMPLEMENTED(false,

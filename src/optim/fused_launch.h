@@ -6,13 +6,13 @@
 // state, and routing one launch to its device's table (fused_backend.h).
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <lucid/optim/fused_optimizer.h>
 #include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <vector>
 
-#include "compat/torch_compat.h"
 #include "optim/fused_kernel_params.h"
 
 namespace lucid {
@@ -92,12 +92,14 @@ void for_each_bucket(std::vector<torch::optim::OptimizerParamGroup>& groups, con
   }
 }
 
-// `p`'s state in `state`, made on first use with a step counter on p's device and then
+// `p`'s state in `state`, keyed by the address of p's TensorImpl as
+// torch::optim::Optimizer::state() is (so torch::optim's serialize helpers save and load
+// it), made on first use with a step counter on p's device and then
 // init(state) for the optimizer's own buffers; the counter is kept a float32 on p's
 // device (state loaded from an archive arrives on the CPU).
 template <typename State, typename StateMap, typename Init>
 State& param_state(StateMap& state, const at::Tensor& p, Init init) {
-  auto& slot = state[compat::optimizer_state_key<StateMap>(p)];
+  auto& slot = state[p.unsafeGetTensorImpl()];
   if (!slot) {
     auto fresh = std::make_unique<State>();
     fresh->step(new_step_counter(p.device()));

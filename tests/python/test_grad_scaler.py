@@ -400,43 +400,22 @@ def test_load_state_dict_refuses_invalid_states_and_keeps_its_own():
         scaler.load_state_dict({})
 
 
-def _torch_cpu_scaler_class():
-    amp = getattr(torch, "amp", None)
-    cls = getattr(amp, "GradScaler", None) if amp is not None else None
-    if cls is None:
-        return None
-    try:
-        cls("cpu")
-    except Exception:  # a torch.amp.GradScaler without a CPU path
-        return None
-    return cls
+def torch_scaler(**kwargs):
+    """PyTorch's own scaler, for the state_dict round trips."""
+    return torch.amp.GradScaler("cpu", **kwargs)
 
 
-def torch_scaler(monkeypatch, **kwargs):
-    """PyTorch's own scaler for the state_dict round trip: torch.amp.GradScaler("cpu")
-    where it exists; else (1.13) torch.cuda.amp.GradScaler with its CUDA check patched
-    out, which works as long as no tensor is scaled (state_dict reads host values)."""
-    cls = _torch_cpu_scaler_class()
-    if cls is not None:
-        return cls("cpu", **kwargs)
-    gs = pytest.importorskip("torch.cuda.amp.grad_scaler")
-    if not hasattr(gs, "amp_definitely_not_available"):
-        pytest.skip("this PyTorch has no GradScaler usable without CUDA")
-    monkeypatch.setattr(gs, "amp_definitely_not_available", lambda: False)
-    return gs.GradScaler(**kwargs)
-
-
-def test_a_lucid_state_dict_loads_into_pytorchs_scaler(monkeypatch):
+def test_a_lucid_state_dict_loads_into_pytorchs_scaler():
     state = _advanced_scaler().state_dict()
-    theirs = torch_scaler(monkeypatch, init_scale=2.0, growth_interval=9)
+    theirs = torch_scaler(init_scale=2.0, growth_interval=9)
     theirs.load_state_dict(state)
     assert theirs.state_dict() == {"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                                    "growth_interval": 5, "_growth_tracker": 3}
     assert theirs.get_scale() == 64.0 and theirs.get_growth_interval() == 5
 
 
-def test_pytorchs_state_dict_loads_into_a_lucid_scaler(monkeypatch):
-    theirs = torch_scaler(monkeypatch, init_scale=256.0, growth_factor=4.0, backoff_factor=0.25,
+def test_pytorchs_state_dict_loads_into_a_lucid_scaler():
+    theirs = torch_scaler(init_scale=256.0, growth_factor=4.0, backoff_factor=0.25,
                           growth_interval=7)
     state = theirs.state_dict()
     assert "_growth_tracker" in state

@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Type stubs of the extension module lucid_amp._C (python/csrc/*.cpp).
+
+The bindings are private to the package: lucid_amp.GradScaler (grad_scaler.py) wraps
+_GradScaler, lucid_amp.optim (optim/fused.py) wraps _FusedGroup. An argument that the
+binding does not name (pybind11's arg0, arg1, ...) is positional-only here, as it is in
+the extension. tests/python/test_packaging.py checks these stubs against the built
+module: every name, and every function's parameter names and defaults.
+
+The types are the bindings' own: a string option is any str (the core checks its value
+and raises ValueError), and a dict is a plain dict, whose keys the Python front turns into
+its typed classes (lucid_amp.ScalerCounters, OverflowReport, BackoffEvent); the docstrings
+name the keys.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+#: lucid-amp's version, "major.minor.patch" (CMakeLists.txt's project(VERSION)).
+version: str
+#: Whether the extension was compiled with lucid-amp's CUDA kernels.
+with_cuda: bool
+
+# One optimizer's parameters, one sequence per param group (typing only).
+_ParamGroups = Sequence[Sequence[torch.Tensor]]
+
+def clip_grad_norm_(
+    parameters: Sequence[torch.Tensor], max_norm: float, norm_type: float = 2.0
+) -> torch.Tensor:
+    """lucid::amp::clip_grad_norm_: clips the gradients in place, returns the total norm
+    (on the gradients' device)."""
+
+class _GradScaler:
+    """lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.
+
+    An optimizer is named by a key (the Python front passes id(optimizer), never 0) and
+    handed over as its param groups' parameters on every call."""
+
+    def __init__(
+        self,
+        init_scale: float,
+        growth_factor: float,
+        backoff_factor: float,
+        growth_interval: int,
+        enabled: bool,
+        min_scale: float,
+        max_scale: float,
+        hysteresis: int,
+        min_scale_policy: str,
+        hysteresis_refill: str,
+        overflow_warning_streak: int,
+        max_overflow_streak: int,
+        strict_inf_checks: bool,
+    ) -> None:
+        """min_scale_policy: "throw" or "clamp"; hysteresis_refill: "on_growth" or
+        "on_clean_update"."""
+    def scale(self, arg0: torch.Tensor, /) -> torch.Tensor:
+        """outputs times the scale."""
+    def unscale_(self, arg0: int, arg1: _ParamGroups, /) -> None:
+        """Unscales the gradients of the optimizer with key arg0 in place (nothing when
+        disabled)."""
+    def clip_grad_norm_(
+        self, arg0: int, arg1: _ParamGroups, arg2: float, arg3: float, arg4: bool, /
+    ) -> torch.Tensor:
+        """(key, param groups, max_norm, norm_type, scaler_aware): the norm of the
+        unscaled gradients; scaler_aware: the optimizer takes the scale in its step, so
+        the clip is folded into it there."""
+    def step(
+        self,
+        arg0: int,
+        arg1: _ParamGroups,
+        arg2: Callable[[], object],
+        arg3: Callable[[torch.Tensor | None, torch.Tensor | None], object] | None,
+        /,
+    ) -> bool:
+        """(key, param groups, step_fn, set_grad_scaling): whether the step ran.
+        set_grad_scaling is None, or for a scaler-aware optimizer a callable(scale or
+        None, found_inf or None)."""
+    def update(self, new_scale: float | None = None) -> None: ...
+    def get_scale(self) -> float: ...
+    def scale_tensor(self) -> torch.Tensor | None:
+        """The scale as a tensor; None before scale(), unscale_() or step()."""
+    def is_enabled(self) -> bool: ...
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments by name (growth and backoff follow
+        load_state_dict)."""
+    def stage(self, arg0: int, /) -> Literal[0, 1, 2]:
+        """The stage of the optimizer with key arg0: 0 ready, 1 unscaled, 2 stepped."""
+    def step_skipped(self, arg0: int, /) -> bool: ...
+    def overflowed(self, arg0: int, arg1: _ParamGroups, /) -> bool: ...
+    def state_dict(self) -> dict[str, float]: ...
+    def load_state_dict(self, arg0: Mapping[str, float], /) -> None: ...
+    def save_bytes(self) -> bytes:
+        """The whole scaler (state, options but enabled, counters) in lucid-amp's
+        checkpoint format."""
+    def load_bytes(self, arg0: bytes | str, /) -> None: ...
+    def counters(self) -> dict[str, int]:
+        """steps_taken, steps_skipped, updates, overflow_updates, backoffs, growths,
+        overflow_streak, updates_without_checks, steps_without_gradients,
+        min_scale_holds."""
+    def last_overflow(self) -> dict[str, Any] | None:
+        """The report of the last iteration that overflowed, None if none has: iteration,
+        scale, optimizers, uninspected_optimizers, text, and gradients, a list of dicts
+        (optimizer_key, param_group, index, name, nan_count, inf_count, numel, sizes,
+        dtype, device)."""
+    def set_backoff_callback(self, arg0: Callable[[dict[str, Any]], object] | None, /) -> None:
+        """fn(event) on every backoff, event a dict of iteration, old_scale, new_scale,
+        overflow_streak and report (as last_overflow, or None); None removes it."""
+    def set_found_inf_hook(
+        self,
+        fn: Callable[[torch.Tensor], object] | None,
+        norm_fn: Callable[[torch.Tensor, torch.Tensor, float], object] | None = None,
+    ) -> None:
+        """fn(found_inf); norm_fn(found_inf, norm_partial, norm_type): both may change
+        their tensors in place. None removes them (a norm_fn needs an fn)."""
+    def set_parameter_name(self, arg0: torch.Tensor, arg1: str, /) -> None: ...
+
+class _FusedGroup:
+    """One param group's kernel arguments, kept between steps (lucid_amp.optim)."""
+
+    def __init__(
+        self, name: str, params: list[torch.Tensor], states: Sequence[Sequence[torch.Tensor]]
+    ) -> None:
+        """states: the state lists aligned with the parameters that have a gradient now,
+        the step counters (float32, 0-dim) last."""
+    def adam_(
+        self,
+        arg0: list[torch.Tensor],
+        arg1: float,
+        arg2: float,
+        arg3: float,
+        arg4: float,
+        arg5: float,
+        arg6: bool,
+        arg7: bool,
+        arg8: torch.Tensor | None,
+        arg9: torch.Tensor | None,
+        /,
+    ) -> bool:
+        """(params, lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
+        grad_scale, found_inf): steps the group with Adam/AdamW; false (nothing done) if
+        its parameters or the set of them with a gradient changed since it was built."""
+    def sgd_(
+        self,
+        arg0: list[torch.Tensor],
+        arg1: float,
+        arg2: float,
+        arg3: float,
+        arg4: float,
+        arg5: bool,
+        arg6: torch.Tensor | None,
+        arg7: torch.Tensor | None,
+        /,
+    ) -> bool:
+        """(params, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
+        found_inf): steps the group with SGD; false (nothing done) as adam_."""
