@@ -168,10 +168,11 @@ std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
 void bind_grad_scaler(py::module& m) {
   m.def("clip_grad_norm_",
         torch::wrap_pybind_function([](const std::vector<at::Tensor>& parameters, double max_norm,
-                                       double norm_type) {
-          return amp::clip_grad_norm_(parameters, max_norm, norm_type);
+                                       double norm_type, bool error_if_nonfinite) {
+          return amp::clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite);
         }),
-        py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0);
+        py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0,
+        py::arg("error_if_nonfinite") = false);
   py::class_<GradScaler>(m, "_GradScaler",
                          "lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.")
       .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),

@@ -27,10 +27,14 @@ with_cuda: bool
 _ParamGroups = Sequence[Sequence[torch.Tensor]]
 
 def clip_grad_norm_(
-    parameters: Sequence[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    parameters: Sequence[torch.Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
 ) -> torch.Tensor:
     """lucid::amp::clip_grad_norm_: clips the gradients in place, returns the total norm
-    (on the gradients' device)."""
+    (on the gradients' device); error_if_nonfinite: a non-finite norm raises RuntimeError
+    before anything is clipped."""
 
 class _GradScaler:
     """lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.

@@ -15,6 +15,7 @@ PyTorch's own GradScaler makes (the attributes ``optimizer.grad_scale`` and
 import dataclasses
 import inspect
 import math
+import operator
 import warnings
 from collections import abc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
@@ -118,13 +119,46 @@ def _report(d: Optional[dict]) -> Optional[OverflowReport]:
     )
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: Optional[bool] = None,
+) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` on lucid-amp's multi-tensor pass: clips the
     gradients in place and returns the total norm as a 0-dim float32 tensor on the
-    gradients' device, without reading it back."""
+    gradients' device, without reading it back.
+
+    Args:
+        parameters: a tensor or an iterable of tensors whose ``.grad`` is clipped.
+        max_norm: the largest total norm (finite, > 0: else ValueError).
+        norm_type: the p of the p-norm, > 0 (``math.inf`` for the largest magnitude).
+        error_if_nonfinite: as PyTorch's: a non-finite total norm raises RuntimeError
+            before any gradient is clipped (this reads the norm back, one host
+            synchronisation; off, nothing is read).
+        foreach: as PyTorch's: ``True`` raises RuntimeError for gradients on a device
+            that PyTorch's foreach kernels do not serve (the CPU among them), as
+            ``torch.nn.utils.clip_grad_norm_`` does; ``None`` and ``False`` change
+            nothing: lucid-amp's own multi-tensor kernels clip every device alike.
+
+    Example::
+
+        norm = lucid_amp.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    """
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
-    return _C.clip_grad_norm_(list(parameters), float(max_norm), float(norm_type))
+    parameters = list(parameters)
+    if foreach:
+        from torch.utils._foreach_utils import _device_has_foreach_support
+
+        for p in parameters:
+            if p.grad is not None and not _device_has_foreach_support(p.grad.device):
+                raise RuntimeError(
+                    "foreach=True was passed, but can't use the foreach API on "
+                    f"{p.grad.device.type} tensors"
+                )
+    return _C.clip_grad_norm_(parameters, float(max_norm), float(norm_type), bool(error_if_nonfinite))
 
 
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
@@ -154,6 +188,16 @@ def _takes_scale_and_flag(optimizer) -> bool:
 
 
 _PROTOCOL_BY_CLASS: Dict[type, bool] = {}
+
+
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int, or TypeError: a count given as 2.5 is refused, not truncated
+    (PyTorch's scaler fails on it at the first update())."""
+    if not hasattr(type(value), "__index__"):
+        raise TypeError(
+            f"GradScaler: {name} must be an int, got {value!r} ({type(value).__name__})."
+        )
+    return operator.index(value)
 
 
 class GradScaler:
@@ -216,24 +260,28 @@ class GradScaler:
         strict_inf_checks: bool = False,
     ) -> None:
         self._device = str(torch.device(device).type) if not isinstance(device, str) else device
-        if enabled and self._device == "cuda" and not torch.cuda.is_available():
+        # PyTorch's test and PyTorch's words, so that a warnings filter written for
+        # torch.amp.GradScaler matches this one too.
+        if (enabled and self._device == "cuda"
+                and torch.cuda.amp.common.amp_definitely_not_available()):
             warnings.warn(
-                "lucid_amp.GradScaler is enabled, but CUDA is not available. Disabling."
+                "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
+                stacklevel=2,
             )
             enabled = False
         self._core = _C._GradScaler(
             float(init_scale),
             float(growth_factor),
             float(backoff_factor),
-            int(growth_interval),
+            _integer("growth_interval", growth_interval),
             bool(enabled),
             float(min_scale),
             float(max_scale),
-            int(hysteresis),
+            _integer("hysteresis", hysteresis),
             str(min_scale_policy),
             str(hysteresis_refill),
-            int(overflow_warning_streak),
-            int(max_overflow_streak),
+            _integer("overflow_warning_streak", overflow_warning_streak),
+            _integer("max_overflow_streak", max_overflow_streak),
             bool(strict_inf_checks),
         )
         # id()s of the optimizers seen since the last update(); pickling is refused while
@@ -370,25 +418,37 @@ class GradScaler:
         return self._core.get_scale()
 
     def is_enabled(self) -> bool:
+        """Whether the scaler scales (False when built with ``enabled=False``, or for
+        "cuda" on a machine without CUDA)."""
         return self._core.is_enabled()
 
     def get_growth_factor(self) -> float:
+        """The factor the scale is multiplied by after ``growth_interval`` clean updates."""
         return self._core.options()["growth_factor"]
 
     def set_growth_factor(self, new_factor: float) -> None:
+        """Sets the growth factor (finite, > 1, else ValueError and nothing changes); the
+        scale and its trackers are kept."""
         self._set_option("growth_factor", float(new_factor))
 
     def get_backoff_factor(self) -> float:
+        """The factor the scale is multiplied by after an update that saw inf/NaN."""
         return self._core.options()["backoff_factor"]
 
     def set_backoff_factor(self, new_factor: float) -> None:
+        """Sets the backoff factor (in (0, 1), else ValueError and nothing changes); the
+        scale and its trackers are kept."""
         self._set_option("backoff_factor", float(new_factor))
 
     def get_growth_interval(self) -> int:
+        """How many consecutive clean updates grow the scale."""
         return int(self._core.options()["growth_interval"])
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._set_option("growth_interval", int(new_interval))
+        """Sets the growth interval: an int (else TypeError) in [1, 2**31 - 1] (else
+        ValueError); nothing changes on error. A growth tracker past the new interval is
+        brought to its last step."""
+        self._set_option("growth_interval", _integer("new_interval", new_interval))
 
     def _set_option(self, key: str, value) -> None:
         if self._core.is_enabled():
@@ -425,10 +485,20 @@ class GradScaler:
         return out
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads a state_dict of this class or of ``torch.amp.GradScaler``; an invalid
-        one raises ValueError and leaves the scaler unchanged."""
+        """Loads a state_dict of this class or of ``torch.amp.GradScaler``.
+
+        Raises, leaving the scaler unchanged: TypeError when ``state_dict`` is not a
+        mapping or a value is neither a number nor a one-element tensor (naming the key);
+        RuntimeError when it is empty (saved from a disabled scaler); ValueError when a
+        value is out of its range. A disabled scaler ignores it, as PyTorch's does.
+        """
         if not self._core.is_enabled():
             return
+        if not isinstance(state_dict, abc.Mapping):
+            raise TypeError(
+                "GradScaler.load_state_dict: state_dict must be a dict of names to numbers, "
+                f"as state_dict() returns; got {type(state_dict).__name__}."
+            )
         if len(state_dict) == 0:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved "
@@ -436,10 +506,14 @@ class GradScaler:
             )
         state = {}
         for key, value in state_dict.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()
-            if isinstance(value, (int, float)):
-                state[str(key)] = float(value)
+            if not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"GradScaler.load_state_dict: state_dict[{key!r}] must be a number or a "
+                    f"one-element tensor, got {type(value).__name__}. Nothing was loaded."
+                )
+            state[str(key)] = float(value)
         self._core.load_state_dict(state)
 
     def __getstate__(self) -> Dict[str, Any]:

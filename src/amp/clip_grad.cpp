@@ -6,10 +6,12 @@
 
 #include "amp/clip_grad.h"
 #include "amp/kernel_routing.h"
+#include "common/plain_tensor.h"
 
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <string>
 
 namespace lucid {
 namespace amp {
@@ -26,7 +28,7 @@ void check_clip_arguments(double max_norm, double norm_type, const char* who) {
 }  // namespace detail
 
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type) {
+                           double norm_type, bool error_if_nonfinite) {
   detail::check_clip_arguments(max_norm, norm_type, "lucid::amp::clip_grad_norm_");
   std::vector<at::Tensor> grads;
   for (size_t i = 0; i < parameters.size(); ++i) {
@@ -34,6 +36,8 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     if (!grad.defined()) {
       continue;
     }
+    common::check_plain_tensor(grad, "lucid::amp::clip_grad_norm_",
+                       "the gradient of parameter " + std::to_string(i));
     const at::ScalarType dtype = grad.scalar_type();
     TORCH_CHECK_NOT_IMPLEMENTED(
         dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,
@@ -47,6 +51,10 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   }
   at::Tensor found_inf = at::zeros({}, grads.front().options().dtype(at::kFloat));
   at::Tensor norm = detail::check_grads_and_norm_(grads, at::Tensor(), found_inf, norm_type);
+  TORCH_CHECK(!error_if_nonfinite || norm.isfinite().item<bool>(), "The total norm of order ",
+              norm_type, " for gradients from `parameters` is non-finite, so it cannot be "
+              "clipped. Nothing was changed. To clip by the non-finite norm anyway (the "
+              "gradients then become NaN), set error_if_nonfinite to false.");
   const at::Tensor coefficient = detail::clip_coefficient(norm, max_norm);
   // One write pass: the unscale kernel with 1/coefficient as the scale.
   detail::unscale_grads_(grads, coefficient.reciprocal(), found_inf);

@@ -3,6 +3,8 @@
 
 #include "amp/scaler_core.h"
 
+#include "common/plain_tensor.h"
+
 #include <lucid/amp/clip_grad.h>
 
 #include "amp/clip_grad.h"
@@ -50,6 +52,10 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) {
         continue;  // a parameter that took no part in this backward()
+      }
+      if (!common::is_plain_tensor(grad)) {
+        common::check_plain_tensor(grad, "GradScaler",
+                                   "the gradient of " + describe(g, i, diagnostics.name_of(params[i])));
       }
       const at::ScalarType dtype = grad.scalar_type();
       const bool supported = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;
@@ -231,7 +237,7 @@ bool ScalerCore::step(const OptimizerView& view) {
     TORCH_CHECK(checked,
                 "No inf checks were recorded for this optimizer: none of its parameters has a "
                 "gradient. Nothing was changed. Call backward() on the scaled loss before "
-                "step(), or turn GradScalerOptions::strict_inf_checks off to count such steps "
+                "step(), or turn the option strict_inf_checks off to count such steps "
                 "instead.");
   }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
@@ -374,7 +380,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
     TORCH_CHECK(!options().strict_inf_checks(),
                 "No inf checks were recorded prior to update(): no optimizer had a gradient "
                 "since the last update(). Nothing was changed. Call step(optimizer) after "
-                "backward() on the scaled loss, or turn GradScalerOptions::strict_inf_checks "
+                "backward() on the scaled loss, or turn the option strict_inf_checks "
                 "off to count such updates instead.");
     diagnostics_.note_update_without_checks();
     finish_iteration_();

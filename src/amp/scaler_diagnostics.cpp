@@ -206,7 +206,7 @@ void ScalerDiagnostics::warn_on_streak_(const GradScalerOptions& options) const 
              "floor; look for inf/NaN in the data, the loss or the model, or lower the "
              "learning rate. ",
              last_overflow_.has_value() ? last_overflow_->to_string() : std::string(),
-             "\n(GradScalerOptions::overflow_warning_streak sets when this warning comes; 0 "
+             "\n(the option overflow_warning_streak sets when this warning comes; 0 "
              "turns it off.)");
 }
 

@@ -50,13 +50,22 @@ def sharded(rank, world):
             "all_reduces": agreement.all_reduces}
 
 
+def finish():
+    """Every rank is done with its collectives before any tears its group down: a rank
+    destroying a Gloo group while a peer's last collective is still in flight can abort
+    the peer."""
+    sys.stdout.flush()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     rank, world, store_file, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     bind = mode == "bind"
     dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=world)
     if mode == "sharded":
         print(json.dumps(sharded(rank, world)))
-        dist.destroy_process_group()
+        finish()
         return
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -81,7 +90,7 @@ def main():
     checksum = sum(p.detach().double().sum().item() for p in model.parameters())
     print(json.dumps({"scales": scales, "skips": skips, "checksum": checksum,
                       "all_reduces": agreement.all_reduces if agreement else 0}))
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

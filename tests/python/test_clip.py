@@ -87,3 +87,45 @@ def test_non_finite_norm_skips_the_step():
     assert scaler.step(opt) is None
     for p, q in zip(params, before):
         assert torch.equal(p.detach(), q)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_error_if_nonfinite_means_what_it_means_for_torch(device, bad):
+    ours = _params(device)
+    ours[1].grad[7] = bad
+    theirs = _clone(ours)
+    before = [p.grad.clone() for p in ours]
+    with pytest.raises(RuntimeError, match="is non-finite, so it cannot be clipped"):
+        lucid_amp.clip_grad_norm_(ours, 1.0, error_if_nonfinite=True)
+    with pytest.raises(RuntimeError, match="is non-finite, so it cannot be clipped"):
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0, error_if_nonfinite=True)
+    for p, b, q in zip(ours, before, theirs):  # neither clipped anything
+        assert torch.equal(p.grad.nan_to_num(), b.nan_to_num())
+        assert torch.equal(q.grad.nan_to_num(), b.nan_to_num())
+    # Off, both clip by the non-finite norm and return it.
+    norm = lucid_amp.clip_grad_norm_(ours, 1.0, error_if_nonfinite=False)
+    want = torch.nn.utils.clip_grad_norm_(theirs, 1.0, error_if_nonfinite=False)
+    assert math.isnan(norm.item()) == math.isnan(want.item()) and not math.isfinite(norm.item())
+    for p, q in zip(ours, theirs):
+        assert torch.equal(p.grad.isnan(), q.grad.isnan())
+
+
+@pytest.mark.parametrize("foreach", [None, False, True])
+def test_foreach_means_what_it_means_for_torch(foreach):
+    ours = _params("cpu", scale=3.0)
+    theirs = _clone(ours)
+
+    def outcome(fn, params):
+        try:
+            return fn(params, 0.7, foreach=foreach).item(), None
+        except RuntimeError as e:
+            return None, str(e)
+
+    got, got_error = outcome(lucid_amp.clip_grad_norm_, ours)
+    want, want_error = outcome(torch.nn.utils.clip_grad_norm_, theirs)
+    assert got_error == want_error  # True on the CPU: the same refusal
+    if want_error is None:
+        assert got == pytest.approx(want, rel=1e-5)
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)

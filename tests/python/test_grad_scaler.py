@@ -349,12 +349,18 @@ def test_disabled_scaler_is_a_pass_through():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_cuda_scaler_without_cuda_warns_and_disables_itself():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        scaler = lucid_amp.GradScaler()
-    assert not scaler.is_enabled()
-    assert any("CUDA is not available" in str(w.message) for w in caught)
+def test_a_cuda_scaler_without_cuda_warns_and_disables_itself_as_pytorchs():
+    messages = []
+    for cls in (lucid_amp.GradScaler, torch.amp.GradScaler):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scaler = cls()
+        assert not scaler.is_enabled()
+        mine = [w for w in caught if "CUDA is not available" in str(w.message)]
+        assert len(mine) == 1 and mine[0].category is UserWarning
+        assert mine[0].filename == __file__  # attributed to the caller's line
+        messages.append(str(mine[0].message))
+    assert messages[0] == messages[1]
 
 
 # ---- state_dict ---------------------------------------------------------------------------
@@ -759,3 +765,29 @@ def test_hysteresis_refill_on_clean_update():
 
     assert run("on_growth") == 512.0  # the count was used up across the clean update
     assert run("on_clean_update") == 1024.0  # refilled by it
+
+
+@pytest.mark.parametrize("value", [2.5, "3", None, 4.0])
+def test_a_count_that_is_not_an_int_is_refused_at_construction(value):
+    """PyTorch truncates nothing either: its update fails on growth_interval=2.5."""
+    for name in ("growth_interval", "hysteresis", "overflow_warning_streak", "max_overflow_streak"):
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            lucid_amp.GradScaler("cpu", **{name: value})
+    scaler = lucid_amp.GradScaler("cpu", growth_interval=7)
+    with pytest.raises(TypeError, match="must be an int"):
+        scaler.set_growth_interval(value)
+    assert scaler.get_growth_interval() == 7
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([1, 2], "must be a dict of names to numbers.*got list"),
+    ("scale", "must be a dict.*got str"),
+    ({"scale": "1024"}, r"state_dict\['scale'\] must be a number.*got str"),
+    ({"scale": 1024.0, "growth_interval": None}, r"state_dict\['growth_interval'\].*got NoneType"),
+    ({"scale": torch.ones(2)}, r"state_dict\['scale'\].*got Tensor"),
+])
+def test_a_state_dict_of_the_wrong_type_is_a_type_error_and_loads_nothing(scaler, bad, match):
+    before = scaler.state_dict()
+    with pytest.raises(TypeError, match=match):
+        scaler.load_state_dict(bad)
+    assert scaler.state_dict() == before

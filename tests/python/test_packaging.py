@@ -338,3 +338,31 @@ def test_editable_install_imports(venv, tmp_path):
     finally:
         subprocess.run([venv, "-m", "pip", "uninstall", "--quiet", "--yes", "lucid_amp"],
                        check=True)
+
+
+def _public_callables():
+    import inspect
+
+    import lucid_amp.distributed
+    import lucid_amp.optim
+
+    for module in (lucid_amp, lucid_amp.optim, lucid_amp.distributed):
+        names = getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")])
+        for name in names:
+            obj = getattr(module, name)
+            if inspect.ismodule(obj):
+                continue
+            yield f"{module.__name__}.{name}", obj
+            if inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_"):
+                        continue
+                    if inspect.isfunction(member) or isinstance(member, (property, classmethod, staticmethod)):
+                        yield f"{module.__name__}.{name}.{attr}", member
+
+
+def test_every_public_name_has_a_docstring():
+    missing = [name for name, obj in _public_callables()
+               if callable(obj) or isinstance(obj, property)
+               if not (getattr(obj, "__doc__", None) or "").strip()]
+    assert missing == []

@@ -22,9 +22,11 @@ namespace amp {
 /// a gradient are passed over; no gradient at all returns 0. Gradients: float32, float64
 /// or bfloat16, dense or sparse, on any devices. Throws c10::ValueError for `max_norm`
 /// not finite and > 0 or `norm_type` not > 0, changing nothing; c10::NotImplementedError
-/// for other gradient dtypes.
+/// for other gradient dtypes. With `error_if_nonfinite` (as PyTorch's), a non-finite norm
+/// throws c10::Error before any gradient is clipped; that check reads the norm back, the
+/// one host synchronisation, as PyTorch's does.
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type = 2.0);
+                           double norm_type = 2.0, bool error_if_nonfinite = false);
 
 }  // namespace amp
 }  // namespace lucid

@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: BSD-3-Clause
+#pragma once
+
+// The kernels of lucid-amp (unscale and check, clipping, the fused optimizers) read and
+// write a tensor's storage directly. A tensor subclass that overrides __torch_dispatch__
+// (it carries the Python dispatch key: DTensor, as FSDP2's fully_shard and tensor
+// parallelism make it, FakeTensor, and other wrapper subclasses) has no storage of its own
+// for them to read, so such a tensor is refused, named, before any kernel runs. Subclasses
+// of nn.Parameter with plain storage (FSDP1's FlatParameter) carry no such key and pass.
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace lucid {
+namespace common {
+
+inline bool is_plain_tensor(const at::Tensor& t) {
+  return !t.key_set().has(c10::DispatchKey::Python);
+}
+
+// Throws c10::NotImplementedError unless `t` is a plain tensor. `who` is the operation,
+// `which` names the tensor ("parameter 3 of param group 0", "the gradient of ...").
+inline void check_plain_tensor(const at::Tensor& t, const char* who, const std::string& which) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      is_plain_tensor(t), who, ": ", which,
+      " is a tensor subclass that overrides __torch_dispatch__ (such as the DTensor of "
+      "FSDP2's fully_shard or of tensor parallelism), whose data lies in local shards that "
+      "lucid-amp's kernels cannot reach through it. Nothing was changed. Use "
+      "torch.amp.GradScaler and torch.optim for such parameters.");
+}
+
+}  // namespace common
+}  // namespace lucid
