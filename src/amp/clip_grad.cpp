@@ -37,7 +37,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
       continue;
     }
     common::check_plain_tensor(grad, "lucid::amp::clip_grad_norm_",
-                       "the gradient of parameter " + std::to_string(i));
+                               "the gradient of parameter " + std::to_string(i));
     const at::ScalarType dtype = grad.scalar_type();
     TORCH_CHECK_NOT_IMPLEMENTED(
         dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,
@@ -52,7 +52,8 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   at::Tensor found_inf = at::zeros({}, grads.front().options().dtype(at::kFloat));
   at::Tensor norm = detail::check_grads_and_norm_(grads, at::Tensor(), found_inf, norm_type);
   TORCH_CHECK(!error_if_nonfinite || norm.isfinite().item<bool>(), "The total norm of order ",
-              norm_type, " for gradients from `parameters` is non-finite, so it cannot be "
+              norm_type,
+              " for gradients from `parameters` is non-finite, so it cannot be "
               "clipped. Nothing was changed. To clip by the non-finite norm anyway (the "
               "gradients then become NaN), set error_if_nonfinite to false.");
   const at::Tensor coefficient = detail::clip_coefficient(norm, max_norm);

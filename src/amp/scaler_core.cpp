@@ -54,8 +54,9 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
         continue;  // a parameter that took no part in this backward()
       }
       if (!common::is_plain_tensor(grad)) {
-        common::check_plain_tensor(grad, "GradScaler",
-                                   "the gradient of " + describe(g, i, diagnostics.name_of(params[i])));
+        common::check_plain_tensor(
+            grad, "GradScaler",
+            "the gradient of " + describe(g, i, diagnostics.name_of(params[i])));
       }
       const at::ScalarType dtype = grad.scalar_type();
       const bool supported = dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16;

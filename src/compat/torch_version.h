@@ -4,8 +4,8 @@
 // The LibTorch versions lucid-amp supports: those it is tested against (2.13 on the CPU in
 // CI, 2.11 with CUDA on the GPU machine). CMakeLists.txt refuses an older LibTorch at
 // configure time; src/amp/version.cpp includes this header so that a build that bypasses
-// CMake (the Python package's setup.py) fails here too, with the versions named. Code for a version difference, should one appear between
-// supported releases, goes here and nowhere else.
+// CMake (the Python package's setup.py) fails here too, with the versions named. Code for
+// a difference between supported releases, should one appear, goes here and nowhere else.
 
 #include <torch/version.h>
 

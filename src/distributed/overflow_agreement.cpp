@@ -46,9 +46,9 @@
 
 #include <lucid/distributed/overflow_agreement.h>
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
-#include <c10/util/Exception.h>
 
 #include <chrono>
 #include <cmath>
@@ -153,7 +153,8 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf) {
   check_one_float(found_inf, "overflow flag");
   // A 1-element view shares the flag's storage, so the in-place all-reduce lands in it.
   std::vector<at::Tensor> tensors{found_inf.view({1})};
-  all_reduce(*this, ++all_reduces_, tensors, allreduce_options(c10d::ReduceOp::MAX), found_inf.is_cpu());
+  all_reduce(*this, ++all_reduces_, tensors, allreduce_options(c10d::ReduceOp::MAX),
+             found_inf.is_cpu());
 }
 
 // NOTE: [Sharded norm agreement]
@@ -185,7 +186,8 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_par
     const at::Tensor is_nan = partial.isnan();
     std::vector<at::Tensor> payload{
         at::stack({flag, partial.masked_fill(is_nan, 0.0), is_nan.to(at::kFloat)})};
-    all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::MAX), found_inf.is_cpu());
+    all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::MAX),
+               found_inf.is_cpu());
     const at::Tensor combined = payload[0];
     found_inf.copy_(combined[0].ne(0.0));
     norm_partial.copy_(
@@ -193,7 +195,8 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_par
     return;
   }
   std::vector<at::Tensor> payload{at::stack({flag, partial})};
-  all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::SUM), found_inf.is_cpu());
+  all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::SUM),
+             found_inf.is_cpu());
   const at::Tensor combined = payload[0];
   found_inf.copy_(combined[0].ne(0.0));
   norm_partial.copy_(combined[1]);
