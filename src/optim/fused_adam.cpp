@@ -74,16 +74,16 @@ void FusedAdamParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, max_exp_avg_sq);
 }
 
-FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+FusedAdam::FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                      FusedAdamOptions defaults)
-    : FusedAdam(std::move(param_groups), defaults, /*decoupled_weight_decay=*/false) {}
+    : FusedAdam(param_groups, defaults, /*decoupled_weight_decay=*/false) {}
 
 FusedAdam::FusedAdam(std::vector<torch::Tensor> params, FusedAdamOptions defaults)
     : FusedAdam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
 
-FusedAdam::FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+FusedAdam::FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                      FusedAdamOptions defaults, bool decoupled_weight_decay)
-    : FusedOptimizer(std::move(param_groups), std::make_unique<FusedAdamOptions>(defaults)),
+    : FusedOptimizer(param_groups, std::make_unique<FusedAdamOptions>(defaults)),
       decoupled_weight_decay_(decoupled_weight_decay) {
   check_options(defaults);
 }
@@ -143,9 +143,9 @@ void FusedAdam::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<FusedAdamParamState, FusedAdamOptions>(archive, *this);
 }
 
-FusedAdamW::FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+FusedAdamW::FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                        FusedAdamOptions defaults)
-    : FusedAdam(std::move(param_groups), defaults, /*decoupled_weight_decay=*/true) {}
+    : FusedAdam(param_groups, defaults, /*decoupled_weight_decay=*/true) {}
 
 FusedAdamW::FusedAdamW(std::vector<torch::Tensor> params, FusedAdamOptions defaults)
     : FusedAdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}

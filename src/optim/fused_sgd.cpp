@@ -72,9 +72,9 @@ void FusedSGDParamState::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, momentum_buffer);
 }
 
-FusedSGD::FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+FusedSGD::FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                    FusedSGDOptions defaults)
-    : FusedOptimizer(std::move(param_groups), std::make_unique<FusedSGDOptions>(defaults)) {
+    : FusedOptimizer(param_groups, std::make_unique<FusedSGDOptions>(defaults)) {
   check_options(defaults);
 }
 

@@ -94,7 +94,7 @@ struct FusedAdamParamState
 class FusedAdam : public FusedOptimizer {
  public:
   /// Optimizes `param_groups`; options a group does not set come from `defaults`.
-  explicit FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+  explicit FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                      FusedAdamOptions defaults = {});
   /// Optimizes `params` as one group with the options `defaults`.
   explicit FusedAdam(std::vector<torch::Tensor> params, FusedAdamOptions defaults = {});
@@ -108,8 +108,8 @@ class FusedAdam : public FusedOptimizer {
 
  protected:
   /// For FusedAdamW: `decoupled_weight_decay` selects AdamW's update.
-  FusedAdam(std::vector<torch::optim::OptimizerParamGroup> param_groups, FusedAdamOptions defaults,
-            bool decoupled_weight_decay);
+  FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+            FusedAdamOptions defaults, bool decoupled_weight_decay);
 
  private:
   bool decoupled_weight_decay_;
@@ -119,7 +119,7 @@ class FusedAdam : public FusedOptimizer {
 class FusedAdamW : public FusedAdam {
  public:
   /// Optimizes `param_groups`; options a group does not set come from `defaults`.
-  explicit FusedAdamW(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+  explicit FusedAdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                       FusedAdamOptions defaults = FusedAdamWOptions());
   /// Optimizes `params` as one group with the options `defaults`.
   explicit FusedAdamW(std::vector<torch::Tensor> params,

@@ -85,7 +85,7 @@ struct FusedSGDParamState : public torch::optim::OptimizerCloneableParamState<Fu
 class FusedSGD : public FusedOptimizer {
  public:
   /// Optimizes `param_groups`; options a group does not set come from `defaults`.
-  explicit FusedSGD(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+  explicit FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                     FusedSGDOptions defaults);
   /// Optimizes `params` as one group with the options `defaults`.
   explicit FusedSGD(std::vector<torch::Tensor> params, FusedSGDOptions defaults);
