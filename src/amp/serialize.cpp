@@ -277,14 +277,17 @@ void check_counters(const ScalerCounters& c) {
     TORCH_CHECK_VALUE(v >= 0, kLoad, ": a counter is negative (", v,
                       "); the archive is not a GradScaler checkpoint.");
   }
-  TORCH_CHECK_VALUE(c.overflow_updates + c.growths + c.updates_without_checks <= c.updates &&
-                        c.backoffs <= c.overflow_updates &&
-                        c.overflow_streak <= c.overflow_updates &&
-                        c.min_scale_holds <= c.backoffs,
-                    kLoad, ": the counters contradict each other (updates ", c.updates,
-                    ", overflow_updates ", c.overflow_updates, ", backoffs ", c.backoffs,
-                    ", growths ", c.growths, ", overflow_streak ", c.overflow_streak,
-                    "); the archive is not a GradScaler checkpoint.");
+  // overflow_updates + growths + updates_without_checks <= updates, taken without a sum
+  // that a crafted archive could overflow: every counter is >= 0 here, so no difference
+  // below goes negative once the one before it held.
+  TORCH_CHECK_VALUE(
+      c.overflow_updates <= c.updates && c.growths <= c.updates - c.overflow_updates &&
+          c.updates_without_checks <= c.updates - c.overflow_updates - c.growths &&
+          c.backoffs <= c.overflow_updates && c.overflow_streak <= c.overflow_updates &&
+          c.min_scale_holds <= c.backoffs,
+      kLoad, ": the counters contradict each other (updates ", c.updates, ", overflow_updates ",
+      c.overflow_updates, ", backoffs ", c.backoffs, ", growths ", c.growths, ", overflow_streak ",
+      c.overflow_streak, "); the archive is not a GradScaler checkpoint.");
 }
 
 // A snapshot that carries only `options` (for the fields an older archive lacks).
