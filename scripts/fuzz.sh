@@ -21,9 +21,10 @@ case "${1:-}" in
   *) seconds=$1 ;;
 esac
 
-# clang 14 with its runtime libraries (libFuzzer, ASan, UBSan live in libclang-rt-14-dev),
+# Debian's default clang with its runtime libraries (libFuzzer, ASan, UBSan live in
+# libclang-rt-dev, which pulls the versioned package of that clang: 14 on Debian 12),
 # zlib for the inflate differential check.
-packages=(cmake make ninja-build clang libclang-rt-14-dev zlib1g-dev)
+packages=(cmake make ninja-build clang libclang-rt-dev zlib1g-dev)
 # shellcheck source=lib/install_packages.sh
 source "$root/scripts/lib/install_packages.sh"
 install_packages "${packages[@]}"
