@@ -46,8 +46,8 @@ std::vector<Group> group_by_device_and_dtype(const char* name, const TensorList&
     const at::Tensor& p = params[i];
     const at::Tensor& g = grads[i];
     TORCH_CHECK(g.defined(), name, ": parameter ", i, " has no gradient.");
-    common::check_plain_tensor(p, name, "parameter " + std::to_string(i));
-    common::check_plain_tensor(g, name, "the gradient of parameter " + std::to_string(i));
+    common::check_plain_tensor(p, name, "parameter ", i);
+    common::check_plain_tensor(g, name, "the gradient of parameter ", i);
     TORCH_CHECK_NOT_IMPLEMENTED(!g.is_sparse(), name, " does not support sparse gradients.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, name,
@@ -61,7 +61,7 @@ std::vector<Group> group_by_device_and_dtype(const char* name, const TensorList&
                                 " runs on CPU and CUDA; parameter ", i, " is on ", p.device(), ".");
     for (const TensorList* s : states) {
       const at::Tensor& t = (*s)[i];
-      common::check_plain_tensor(t, name, "the state of parameter " + std::to_string(i));
+      common::check_plain_tensor(t, name, "the state of parameter ", i);
       TORCH_CHECK(t.device() == p.device() && t.is_contiguous(), name, ": the state of parameter ",
                   i, " must be contiguous and on ", p.device(), ".");
     }

@@ -11,7 +11,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <string>
 
 namespace lucid {
 namespace amp {
@@ -36,8 +35,8 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     if (!grad.defined()) {
       continue;
     }
-    common::check_plain_tensor(grad, "lucid::amp::clip_grad_norm_",
-                               "the gradient of parameter " + std::to_string(i));
+    common::check_plain_tensor(grad, "lucid::amp::clip_grad_norm_", "the gradient of parameter ",
+                               i);
     const at::ScalarType dtype = grad.scalar_type();
     TORCH_CHECK_NOT_IMPLEMENTED(
         dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16,

@@ -11,8 +11,6 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <string>
-
 namespace lucid {
 namespace common {
 
@@ -20,11 +18,14 @@ inline bool is_plain_tensor(const at::Tensor& t) {
   return !t.key_set().has(c10::DispatchKey::Python);
 }
 
-// Throws c10::NotImplementedError unless `t` is a plain tensor. `who` is the operation,
-// `which` names the tensor ("parameter 3 of param group 0", "the gradient of ...").
-inline void check_plain_tensor(const at::Tensor& t, const char* who, const std::string& which) {
+// Throws c10::NotImplementedError unless `t` is a plain tensor. `who` is the operation;
+// `which...` name the tensor ("the gradient of parameter ", 3) and, as every TORCH_CHECK
+// argument, are formatted only when the check fails: the fused optimizers run this for
+// every tensor of every step.
+template <typename... Which>
+void check_plain_tensor(const at::Tensor& t, const char* who, const Which&... which) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      is_plain_tensor(t), who, ": ", which,
+      is_plain_tensor(t), who, ": ", which...,
       " is a tensor subclass that overrides __torch_dispatch__ (such as the DTensor of "
       "FSDP2's fully_shard or of tensor parallelism), whose data lies in local shards that "
       "lucid-amp's kernels cannot reach through it. Nothing was changed. Use "

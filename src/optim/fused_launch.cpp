@@ -28,8 +28,8 @@ std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
     if (!g.defined()) {
       continue;
     }
-    common::check_plain_tensor(p, optimizer_name, "parameter " + std::to_string(i));
-    common::check_plain_tensor(g, optimizer_name, "the gradient of parameter " + std::to_string(i));
+    common::check_plain_tensor(p, optimizer_name, "parameter ", i);
+    common::check_plain_tensor(g, optimizer_name, "the gradient of parameter ", i);
     TORCH_CHECK_NOT_IMPLEMENTED(!g.is_sparse(), optimizer_name,
                                 " does not support sparse gradients (parameter ", i,
                                 "); use torch::optim::SGD or Adam for sparse parameters.");
