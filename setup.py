@@ -214,10 +214,7 @@ class BuildExtension(cpp_extension.BuildExtension):
 
     def run(self):
         super().run()
-        with_cuda = any(
-            ("LUCID_AMP_WITH_CUDA", "1") in (ext.define_macros or []) for ext in self.extensions
-        )
-        text = _build_info(with_cuda)
+        text = _build_info(_use_cuda())
         for inplace in [False, True] if self.inplace else [False]:
             _write_if_changed(os.path.join(self._package_dir(inplace), "_build_info.py"), text)
 
