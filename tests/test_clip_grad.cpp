@@ -146,6 +146,8 @@ void expect_scaler_clip_equals_control(torch::Device device, MakeOptimizer make,
   auto opt_theirs = make(theirs);
   GradScaler a(GradScalerOptions().init_scale(scale));
   GradScaler b(GradScalerOptions().init_scale(scale));
+  scale_loss(a, device);
+  scale_loss(b, device);
   const torch::Tensor norm = a.clip_grad_norm_(*opt_ours, 0.5, norm_type);
   EXPECT_EQ(a.stage(*opt_ours), OptimizerStage::kUnscaled);
   b.unscale_(*opt_theirs);
@@ -190,6 +192,7 @@ TEST_P(ClipBackends, FusedOptimizerGradientsStayScaledInMemory) {
   const torch::Tensor g0 = params[2].grad().clone();
   lucid::optim::FusedSGD opt(params, lucid::optim::FusedSGDOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler, on().device());
   scaler.clip_grad_norm_(opt, 1.0);
   EXPECT_TRUE(torch::equal(params[2].grad(), g0)) << "no gradient is written for a fused step";
 }
@@ -200,6 +203,7 @@ TEST_P(ClipBackends, NonFiniteNormSkipsTheStepAndIsReturned) {
   auto before = clone_with_grads(params);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler, on().device());
   const torch::Tensor norm = scaler.clip_grad_norm_(opt, 1.0);
   EXPECT_TRUE(std::isinf(norm.item<float>()));
   EXPECT_FALSE(scaler.step(opt).has_value());
@@ -216,6 +220,7 @@ TEST_P(ClipBackends, SquaresThatOverflowFloat32AreAnOverflow) {
   params[0].mutable_grad() = torch::full({4}, 3e19f * 65536.0f, on());
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler, on().device());
   const torch::Tensor norm = scaler.clip_grad_norm_(opt, 1.0);
   EXPECT_TRUE(std::isinf(norm.item<float>()));
   EXPECT_TRUE(scaler.overflowed(opt));
@@ -226,6 +231,10 @@ TEST(ClipScaler, ErrorsChangeNothing) {
   auto before = clone_with_grads(params);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1));
   GradScaler scaler;
+  EXPECT_TRUE(ThrowsError("before any scale()", [&] { scaler.clip_grad_norm_(opt, 1.0); }));
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);
+  expect_grads_close(params, before, 0.0);
+  scale_loss(scaler);
   EXPECT_TRUE(ThrowsValueError("max_norm", [&] { scaler.clip_grad_norm_(opt, 0.0); }));
   EXPECT_TRUE(ThrowsValueError("norm_type", [&] { scaler.clip_grad_norm_(opt, 1.0, -1.0); }));
   EXPECT_EQ(scaler.stage(opt), OptimizerStage::kReady);

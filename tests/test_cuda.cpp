@@ -71,6 +71,7 @@ TEST_F(Cuda, OverflowOnTheGpuSkipsTheStepAndBacksOff) {
 TEST_F(Cuda, BFloat16GradientsAreUnscaledInFloat32AndRoundedOnce) {
   OneParam p(torch::ones({4097}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
   GradScaler scaler(GradScalerOptions().init_scale(3.0));
+  scale_loss(scaler, gpu);
   const auto g = (torch::randn({4097}, gpu) * 100).to(torch::kBFloat16);
   p.set_grad(g);
   scaler.unscale_(p.optimizer);
@@ -82,6 +83,7 @@ TEST_F(Cuda, BFloat16GradientsAreUnscaledInFloat32AndRoundedOnce) {
 TEST_F(Cuda, BFloat16OverflowIsDetectedOnTheGpu) {
   OneParam p(torch::ones({10}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
   GradScaler scaler;
+  scale_loss(scaler, gpu);
   auto g = torch::ones({10}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu));
   g[3] = std::numeric_limits<float>::quiet_NaN();
   p.set_grad(g);
@@ -91,6 +93,7 @@ TEST_F(Cuda, BFloat16OverflowIsDetectedOnTheGpu) {
 TEST_F(Cuda, Float64GradientsAreUnscaledInFloat64) {
   OneParam p(torch::ones({100}, torch::TensorOptions().dtype(torch::kDouble).device(gpu)));
   GradScaler scaler(GradScalerOptions().init_scale(3.0));
+  scale_loss(scaler, gpu);
   const auto g = torch::randn({100}, torch::TensorOptions().dtype(torch::kDouble).device(gpu));
   p.set_grad(g);
   scaler.unscale_(p.optimizer);
@@ -156,6 +159,7 @@ TEST_F(Cuda, GenericBackendForcedOnTheGpuGivesTheSameResults) {
   lucid::amp::detail::ForceGenericBackendGuard guard;
   OneParam p(torch::ones({1000}, torch::TensorOptions().dtype(torch::kBFloat16).device(gpu)));
   GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  scale_loss(scaler, gpu);
   const auto g = (torch::randn({1000}, gpu) * 10).to(torch::kBFloat16);
   p.set_grad(g);
   scaler.unscale_(p.optimizer);

@@ -72,6 +72,7 @@ TEST(OverflowReport, IndexesWithinEachParamGroupAndWorksWithoutNames) {
                             torch::optim::OptimizerParamGroup({b, c})},
                         torch::optim::SGDOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler);
   a.mutable_grad() = torch::ones({2});
   b.mutable_grad() = torch::full({5}, kFInf);
   c.mutable_grad() = torch::tensor({{1.0f, kFNaN}, {kFInf, 2.0f}});
@@ -91,6 +92,7 @@ TEST(OverflowReport, IndexesWithinEachParamGroupAndWorksWithoutNames) {
 TEST(OverflowReport, CountsValuesThatOverflowOnlyWhenUnscaled) {
   // A small scale divides a large finite gradient into inf: that is what the flag saw.
   GradScaler scaler(GradScalerOptions().init_scale(0.25));
+  scale_loss(scaler);
   OneParam p(3);
   p.set_grad(torch::tensor({FLT_MAX, 1.0f, -FLT_MAX}));
   EXPECT_FALSE(scaler.step(p.optimizer).has_value());
@@ -107,6 +109,7 @@ TEST(OverflowReport, SparseAndBFloat16GradientsAreCounted) {
                                               torch::tensor({{1.0f, kFNaN}, {kFInf, kFInf}}), {4, 2});
   h.mutable_grad() = torch::tensor({1.0f, kFNaN, 2.0f}).to(torch::kBFloat16);
   GradScaler scaler;
+  scale_loss(scaler);
   scaler.step(opt);
   const auto& r = *scaler.last_overflow();
   ASSERT_EQ(r.gradients.size(), 2u);
@@ -119,6 +122,7 @@ TEST(OverflowReport, SparseAndBFloat16GradientsAreCounted) {
 
 TEST(OverflowReport, AHookRaisedFlagGivesAnEmptyListThatSaysSo) {
   GradScaler scaler;
+  scale_loss(scaler);
   scaler.set_found_inf_hook([](torch::Tensor& f) { f.fill_(1.0); });
   OneParam p;
   p.clean_grad();
@@ -139,6 +143,7 @@ TEST(OverflowReport, CleanIterationsBuildNoReport) {
 
 TEST(OverflowReport, OneReportPerIterationKeptUntilTheNextOverflow) {
   GradScaler scaler;
+  scale_loss(scaler);
   OneParam a, b;
   a.inf_grad();
   b.inf_grad();
@@ -157,6 +162,7 @@ TEST(OverflowReport, OneReportPerIterationKeptUntilTheNextOverflow) {
 
 TEST(OverflowReport, OverflowedReadsAnUnscaleOnlyOptimizerAndBuildsTheReport) {
   GradScaler scaler;
+  scale_loss(scaler);
   OneParam p;
   EXPECT_FALSE(scaler.overflowed(p.optimizer)) << "not unscaled yet";
   p.inf_grad();
@@ -174,6 +180,7 @@ TEST(OverflowReport, UpdateNeverTouchesAnOptimizerThatMayBeGone) {
   // An optimizer unscale_'d and destroyed before update(): a guarded update reads its
   // flag (ours) but must not look at the optimizer (ASan would catch it).
   GradScaler scaler(GradScalerOptions().init_scale(8).min_scale(1));
+  scale_loss(scaler);
   {
     OneParam p;
     p.inf_grad();
@@ -186,6 +193,7 @@ TEST(OverflowReport, UpdateNeverTouchesAnOptimizerThatMayBeGone) {
 
 TEST(ParameterNames, AreHeldWeakly) {
   GradScaler scaler;
+  scale_loss(scaler);
   {
     Model gone;
     scaler.set_parameter_names(gone.net->named_parameters(), "old.");
@@ -239,6 +247,7 @@ TEST(Counters, AnUnscaleOnlyOptimizerIsCountedWhenAsked) {
   // Its flag was never read by step(); counters() reads it (NOTE: [Diagnostics without
   // host synchronisation]).
   GradScaler scaler(GradScalerOptions().growth_interval(3));
+  scale_loss(scaler);
   OneParam p;
   const std::vector<bool> overflows = {true, false, false, false, true, false};
   for (bool o : overflows) {
@@ -258,6 +267,7 @@ TEST(Counters, AnUnscaleOnlyOptimizerIsCountedWhenAsked) {
 
 TEST(Counters, ManyUnreadUpdatesStayExact) {
   GradScaler scaler(GradScalerOptions().growth_interval(7));
+  scale_loss(scaler);
   OneParam p;
   int64_t overflows = 0;
   for (int i = 0; i < 2600; ++i) {  // more than the queue bound (1024)
@@ -307,6 +317,7 @@ TEST(Counters, DisabledScalerCountsNothing) {
 
 TEST(StepSkipped, AnswersPerOptimizerAndSurvivesUpdate) {
   GradScaler scaler;
+  scale_loss(scaler);
   OneParam a, b;
   EXPECT_FALSE(scaler.step_skipped(a.optimizer)) << "never stepped";
   a.inf_grad();
@@ -352,6 +363,7 @@ TEST(StepSkipped, KeepsAnLrSchedulerInStepWithTheOptimizer) {
 
 TEST(BackoffCallback, CalledOncePerBackoffWithTheScalesAndTheReport) {
   GradScaler scaler(GradScalerOptions().init_scale(64).growth_interval(2).hysteresis(2));
+  scale_loss(scaler);
   std::vector<BackoffEvent> events;
   std::vector<std::string> reports;
   scaler.set_backoff_callback([&](const BackoffEvent& e) {
@@ -392,6 +404,7 @@ TEST(BackoffCallback, CalledOncePerBackoffWithTheScalesAndTheReport) {
 
 TEST(BackoffCallback, SeesAnUnscaleOnlyOptimizer) {
   GradScaler scaler(GradScalerOptions().init_scale(8));
+  scale_loss(scaler);
   int calls = 0;
   scaler.set_backoff_callback([&](const BackoffEvent& e) {
     ++calls;
@@ -411,6 +424,7 @@ TEST(BackoffCallback, SeesAnUnscaleOnlyOptimizer) {
 
 TEST(BackoffCallback, AThrowingCallbackLeavesTheUpdateApplied) {
   GradScaler scaler(GradScalerOptions().init_scale(8));
+  scale_loss(scaler);
   scaler.set_backoff_callback([](const BackoffEvent&) { TORCH_CHECK(false, "stop training"); });
   OneParam p;
   p.inf_grad();

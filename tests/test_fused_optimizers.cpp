@@ -320,6 +320,7 @@ TEST(GraphSafeMode, RefusesOptimizersThatCannotSkipOnTheDevice) {
   auto p = make_params(torch::kFloat, 12);
   torch::optim::SGD sgd(p, torch::optim::SGDOptions(0.1));
   GradScaler scaler(GradScalerOptions().graph_safe(true));
+  scale_loss(scaler);
   set_grads(p, 0);
   try {
     scaler.step(sgd);

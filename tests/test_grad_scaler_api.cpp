@@ -98,14 +98,9 @@ bool within_one_ulp(T got, T want) {
          got == std::nextafter(want, -std::numeric_limits<T>::infinity());
 }
 
-// Makes `scaler` create its scale on the CPU, so that update() runs the device-side
-// update (CPU kernel, or the generic ops when forced) rather than the host copy.
-void materialise_scale(GradScaler& scaler, torch::Device device = torch::kCPU) {
-  scaler.scale(torch::ones({}, torch::TensorOptions().device(device)));
-}
-
 // Records an overflow (or none) for the next update(), through a throw-away optimizer.
 void record_iteration(GradScaler& scaler, bool overflow, torch::Device device = torch::kCPU) {
+  scale_loss(scaler, device);
   HandParam p({1.0f}, 1.0, device);
   p.set_grad(torch::tensor({overflow ? kInf : 1.0f}, torch::TensorOptions().device(device)));
   scaler.unscale_(p.opt);
@@ -232,6 +227,7 @@ TEST(GradScalerLoop, StepReturnsWhatOptimizerStepReturned) {
   HandParam p({1.0f, 2.0f});
   MarkingSGD opt({p.param}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({0.5f, 0.25f}, kDefaultScale));
   const auto result = scaler.step(opt);
   ASSERT_TRUE(result.has_value());
@@ -244,6 +240,7 @@ TEST(GradScalerLoop, StepReturnsUndefinedTensorWhenOptimizerReturnsNone) {
   // torch::optim::SGD::step() without a closure returns an undefined tensor.
   HandParam p({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f}, kDefaultScale));
   const auto result = scaler.step(p.opt);
   ASSERT_TRUE(result.has_value()) << "an optimizer step that ran must not read as skipped";
@@ -255,6 +252,7 @@ TEST(GradScalerLoop, StepIsSkippedWhenAGradientHoldsInf) {
   HandParam p({1.0f, 2.0f});
   MarkingSGD opt({p.param}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(torch::tensor({1.0f, kInf}));
   EXPECT_FALSE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 0);
@@ -280,6 +278,7 @@ TEST(GradScalerLoop, SkippedStepLeavesAdamUntouched) {
   auto w = torch::tensor({1.0f, 2.0f}).requires_grad_();
   torch::optim::Adam adam(std::vector<torch::Tensor>{w}, torch::optim::AdamOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler);
   w.mutable_grad() = torch::tensor({kNaN, 1.0f});
   EXPECT_FALSE(scaler.step(adam).has_value());
   EXPECT_TRUE(adam.state().empty()) << "Adam::step ran on an overflowed iteration";
@@ -300,6 +299,7 @@ TEST(GradScalerStages, StageAccessorFollowsReadyUnscaledStepped) {
   HandParam p({1.0f});
   HandParam never_seen({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f}, kDefaultScale));
   EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady);
   scaler.unscale_(p.opt);
@@ -314,6 +314,7 @@ TEST(GradScalerStages, StageAccessorFollowsReadyUnscaledStepped) {
 TEST(GradScalerStages, StepWithoutUnscaleMovesReadyToStepped) {
   HandParam p({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f}, kDefaultScale));
   scaler.step(p.opt);
   EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kStepped);
@@ -322,6 +323,7 @@ TEST(GradScalerStages, StepWithoutUnscaleMovesReadyToStepped) {
 TEST(GradScalerStages, UnscaleTwiceThrowsRuntimeError) {
   HandParam p({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({3.0f}, kDefaultScale));
   scaler.unscale_(p.opt);
   EXPECT_TRUE(ThrowsError("already been called",
@@ -333,6 +335,7 @@ TEST(GradScalerStages, UnscaleTwiceThrowsRuntimeError) {
 TEST(GradScalerStages, UnscaleAfterStepThrowsRuntimeError) {
   HandParam p({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({3.0f}, kDefaultScale));
   scaler.step(p.opt);
   EXPECT_TRUE(ThrowsError("after step", [&] { scaler.unscale_(p.opt); }));
@@ -344,6 +347,7 @@ TEST(GradScalerStages, StepTwiceBeforeUpdateThrowsRuntimeError) {
   HandParam p({10.0f});
   MarkingSGD opt({p.param}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f}, kDefaultScale));
   ASSERT_TRUE(scaler.step(opt).has_value());
   EXPECT_TRUE(ThrowsError("already been called", [&] { scaler.step(opt); }));
@@ -354,6 +358,7 @@ TEST(GradScalerStages, StepTwiceBeforeUpdateThrowsRuntimeError) {
 TEST(GradScalerStages, StepTwiceAfterASkippedStepThrowsRuntimeError) {
   HandParam p({10.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(torch::tensor({kInf}));
   ASSERT_FALSE(scaler.step(p.opt).has_value());
   EXPECT_TRUE(
@@ -363,6 +368,7 @@ TEST(GradScalerStages, StepTwiceAfterASkippedStepThrowsRuntimeError) {
 TEST(GradScalerStages, UpdateReturnsEveryOptimizerToReady) {
   HandParam a({1.0f}), b({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   a.set_grad(scaled({1.0f}, kDefaultScale));
   b.set_grad(scaled({1.0f}, kDefaultScale));
   scaler.unscale_(a.opt);
@@ -384,6 +390,7 @@ TEST(GradScalerStages, UpdateReturnsEveryOptimizerToReady) {
 TEST(GradScalerStages, UpdateWithNewScaleAlsoReturnsOptimizersToReady) {
   HandParam p({1.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f}, kDefaultScale));
   scaler.step(p.opt);
   scaler.update(1024.0);
@@ -427,6 +434,7 @@ TEST(GradScalerStages, ClippingBetweenUnscaleAndStepIsWhatTheOptimizerUses) {
   // The reference API's second example: unscale_, clip the real gradients, then step.
   HandParam p({0.0f, 0.0f});
   GradScaler scaler;
+  scale_loss(scaler);
   p.set_grad(scaled({3.0f, 4.0f}, kDefaultScale));  // true norm 5
   scaler.unscale_(p.opt);
   const double norm = torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{p.param}, 1.0);
@@ -521,6 +529,7 @@ TEST(GradScalerRefusedDtypes, Float16GradientThrowsValueErrorAndUnscalesNothing)
   auto half = torch::ones({2}, torch::kHalf).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{good, half}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler);
   good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({2}, torch::kHalf);  // last: checked before any division
   EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.unscale_(opt); }));
@@ -540,6 +549,7 @@ TEST(GradScalerRefusedDtypes, Float16GradientMakesStepThrowValueError) {
   auto half = torch::ones({1}, torch::kHalf).requires_grad_();
   MarkingSGD opt({good, half}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   good.mutable_grad() = scaled({1.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({1}, torch::kHalf);
   EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.step(opt); }));
@@ -554,6 +564,7 @@ TEST(GradScalerRefusedDtypes, ComplexGradientThrowsNotImplementedAndUnscalesNoth
   auto cplx = torch::ones({2}, torch::kComplexFloat).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{good, cplx}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler);
   good.mutable_grad() = scaled({4.0f, 6.0f}, kDefaultScale);
   cplx.mutable_grad() = torch::ones({2}, torch::kComplexFloat);
   EXPECT_TRUE(
@@ -570,6 +581,7 @@ TEST(GradScalerRefusedDtypes, ComplexGradientMakesStepThrowNotImplemented) {
   auto cplx = torch::ones({1}, torch::kComplexDouble).requires_grad_();
   MarkingSGD opt({good, cplx}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   good.mutable_grad() = scaled({1.0f}, kDefaultScale);
   cplx.mutable_grad() = torch::ones({1}, torch::kComplexDouble);
   EXPECT_TRUE(
@@ -587,6 +599,7 @@ TEST(GradScalerRefusedDtypes, BadGradientInALaterParamGroupIsCheckedFirst) {
   groups.emplace_back(std::vector<torch::Tensor>{half});
   torch::optim::SGD opt(groups, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler);
   good.mutable_grad() = scaled({2.0f}, kDefaultScale);
   half.mutable_grad() = torch::ones({1}, torch::kHalf);
   EXPECT_TRUE(ThrowsValueError("float16", [&] { scaler.unscale_(opt); }));
@@ -601,6 +614,7 @@ TEST(GradScalerParams, ParametersWithoutGradientArePassedOver) {
   auto without = torch::tensor({5.0f}).requires_grad_();
   MarkingSGD opt({with, without}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler);
   with.mutable_grad() = scaled({0.5f}, kDefaultScale);
   ASSERT_FALSE(without.grad().defined());
   EXPECT_NO_THROW(scaler.unscale_(opt));
@@ -615,6 +629,7 @@ TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsButIsNoEvidence) {
   auto p = torch::tensor({1.0f}).requires_grad_();
   MarkingSGD opt({p}, 1.0);
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(1));
+  scale_loss(scaler);
   EXPECT_TRUE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 1);
   EXPECT_EQ(scaler.counters().steps_without_gradients, 1);
@@ -631,6 +646,7 @@ TEST(GradScalerParams, OptimizerWithNoGradientsAtAllStepsButIsNoEvidence) {
 TEST(GradScalerWithoutScale, UnscaleAndStepWorkWhenScaleWasNeverCalled) {
   HandParam p({1.0f, 1.0f});
   GradScaler scaler(GradScalerOptions().init_scale(512.0));
+  scale_loss(scaler);
   p.set_grad(scaled({1.0f, -3.0f}, 512.0));
   EXPECT_NO_THROW(scaler.unscale_(p.opt));
   EXPECT_TRUE(torch::equal(p.grad(), torch::tensor({1.0f, -3.0f})));
@@ -646,6 +662,7 @@ TEST(GradScalerWithoutScale, UnscaleAndStepWorkWhenScaleWasNeverCalled) {
 TEST(GradScalerWithoutScale, StepWithoutScaleSkipsOnOverflowAndBacksOff) {
   HandParam p({1.0f});
   GradScaler scaler(GradScalerOptions().init_scale(512.0));
+  scale_loss(scaler);
   p.set_grad(torch::tensor({kNaN}));
   EXPECT_FALSE(scaler.step(p.opt).has_value());
   EXPECT_EQ(p.param.item<float>(), 1.0f);
@@ -655,6 +672,7 @@ TEST(GradScalerWithoutScale, StepWithoutScaleSkipsOnOverflowAndBacksOff) {
 
 TEST(GradScalerWithoutScale, UpdateWithNothingRecordedLeavesTheScaleAndCountsIt) {
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
+  scale_loss(scaler);
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 4.0);
   scaler.update();
@@ -664,39 +682,24 @@ TEST(GradScalerWithoutScale, UpdateWithNothingRecordedLeavesTheScaleAndCountsIt)
   EXPECT_EQ(scaler.counters().updates, 2);
 }
 
-TEST(GradScalerGrowth, UpdateNewScaleSetsTheScaleBeforeScaleWasCalled) {
+TEST(GradScalerGrowth, UpdateNewScaleSetsTheScale) {
   GradScaler scaler;
+  scale_loss(scaler);
   scaler.update(3.0);
   EXPECT_EQ(scaler.get_scale(), 3.0);
   EXPECT_EQ(scaler.scale(torch::scalar_tensor(2.0)).item<float>(), 6.0f);
 }
 
 TEST(GradScalerGrowth, UpdateNewScaleRejectsNonPositiveOrNonFinite) {
-  for (const bool materialised : {false, true}) {
-    GradScaler scaler(GradScalerOptions().init_scale(128.0));
-    if (materialised) {
-      materialise_scale(scaler);
-    }
-    for (const double bad : {0.0, -1.0, -0.0, static_cast<double>(kInf),
-                             -static_cast<double>(kInf), static_cast<double>(kNaN)}) {
-      EXPECT_TRUE(ThrowsValueError("new_scale", [&] { scaler.update(bad); }))
-          << "new_scale " << bad << (materialised ? " (scale tensor exists)" : "");
-      EXPECT_EQ(scaler.get_scale(), 128.0) << "a refused new_scale " << bad << " changed the scale";
-    }
+  GradScaler scaler(GradScalerOptions().init_scale(128.0));
+  scale_loss(scaler);
+  for (const double bad : {0.0, -1.0, -0.0, static_cast<double>(kInf), -static_cast<double>(kInf),
+                           static_cast<double>(kNaN)}) {
+    EXPECT_TRUE(ThrowsValueError("new_scale", [&] { scaler.update(bad); })) << "new_scale " << bad;
+    EXPECT_EQ(scaler.get_scale(), 128.0) << "a refused new_scale " << bad << " changed the scale";
   }
 }
 
-
-TEST(GradScalerGrowth, ScaleNeverGrowsPastFloat32MaxBeforeScaleWasCalled) {
-  // The host copy of the state (no scale tensor yet) follows the same cap.
-  GradScaler scaler(
-      GradScalerOptions().init_scale(static_cast<double>(FLT_MAX) / 1.5).growth_interval(1));
-  const double stored = scaler.get_scale();
-  scaler.update();
-  EXPECT_TRUE(std::isfinite(scaler.get_scale()));
-  EXPECT_EQ(scaler.get_scale(), stored);
-  EXPECT_EQ(scaler.state_dict().at("growth_tracker"), 0.0);
-}
 
 // ---------------------------------------------------------------------------------------
 // Core numeric behaviours, on each device (CUDA skipped when absent) and each path: the
@@ -746,6 +749,7 @@ class GradScalerBackend : public ::testing::TestWithParam<BackendCase> {
 TEST_P(GradScalerBackend, Float32GradientsAreUnscaled) {
   HandParam p({0.0f, 0.0f, 0.0f}, 1.0, dev());
   GradScaler scaler;
+  scale_loss(scaler, dev());
   p.set_grad(scaled({1.5f, -0.25f, 1e-3f}, kDefaultScale, dev()));
   scaler.unscale_(p.opt);
   EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
@@ -758,6 +762,7 @@ TEST_P(GradScalerBackend, Float32GradientWithNonPowerOfTwoScaleIsWithinFloatRoun
   const auto truth = torch::randn({1000}) * 100;
   HandParam p(std::vector<float>(1000, 0.0f), 1.0, dev());
   GradScaler scaler;
+  scale_loss(scaler, dev());
   scaler.update(3.0);
   p.set_grad(truth.clone().to(dev()));
   scaler.unscale_(p.opt);
@@ -780,6 +785,7 @@ TEST_P(GradScalerBackend, Float64GradientIsUnscaledInFloat64) {
   auto p = torch::zeros({1000}, on(torch::kDouble)).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler, dev());
   scaler.update(3.0);
   p.mutable_grad() = truth.clone().to(dev());
   scaler.unscale_(opt);
@@ -802,6 +808,7 @@ TEST_P(GradScalerBackend, BFloat16GradientIsUnscaledInFloat32AndRoundedOnce) {
   auto p = torch::zeros({1000}, on(torch::kBFloat16)).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{p}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler, dev());
   scaler.update(3.0);
   p.mutable_grad() = grad.clone().to(dev());
   scaler.unscale_(opt);
@@ -826,6 +833,7 @@ TEST_P(GradScalerBackend, BFloat16GradientOverflowIsDetected) {
   auto p = torch::zeros({3}, on(torch::kBFloat16)).requires_grad_();
   MarkingSGD opt({p}, 1.0);
   GradScaler scaler;
+  scale_loss(scaler, dev());
   p.mutable_grad() = (f32({1.0f, kInf, 2.0f}) * 65536).to(torch::kBFloat16);
   EXPECT_FALSE(scaler.step(opt).has_value());
   EXPECT_EQ(opt.calls, 0);
@@ -841,6 +849,7 @@ TEST_P(GradScalerBackend, MixedDtypesInOneOptimizerKeepTheirDtypes) {
   auto c = torch::zeros({2}, on(torch::kBFloat16)).requires_grad_();
   torch::optim::SGD opt(std::vector<torch::Tensor>{a, b, c}, torch::optim::SGDOptions(1.0));
   GradScaler scaler;
+  scale_loss(scaler, dev());
   a.mutable_grad() = f32({2.0f, 4.0f}) * 65536;
   b.mutable_grad() = torch::tensor({1.0 + 1e-12, 3.0}, on(torch::kDouble)) * 65536;
   c.mutable_grad() = (f32({0.5f, 8.0f}) * 65536).to(torch::kBFloat16);
@@ -859,6 +868,7 @@ TEST_P(GradScalerBackend, EveryGradientIsDividedNonFiniteOnesToo) {
   MarkingSGD opt({bad.param, other}, 1.0);
   HandParam second({0.0f}, 1.0, dev());
   GradScaler scaler;
+  scale_loss(scaler, dev());
   bad.set_grad(f32({kInf, 2.0f * 65536.0f, kNaN}));
   other.mutable_grad() = scaled({4.0f}, kDefaultScale, dev());
   second.set_grad(scaled({8.0f}, kDefaultScale, dev()));
@@ -883,6 +893,7 @@ TEST_P(GradScalerBackend, NonContiguousGradientIsUnscaledInPlaceOnly) {
   p.mutable_grad() = base.slice(1, 0, 4, 2);  // columns 0 and 2: a strided view
   ASSERT_FALSE(p.grad().is_contiguous());
   GradScaler scaler;
+  scale_loss(scaler, dev());
   scaler.unscale_(opt);
   EXPECT_TRUE(p.grad().is_alias_of(base)) << "the gradient must be unscaled in place";
   EXPECT_TRUE(torch::equal(p.grad().cpu(), base_before.slice(1, 0, 4, 2) / 65536));
@@ -955,6 +966,7 @@ TEST_P(GradScalerBackend, OverflowInOneOptimizerSkipsOnlyThatStep) {
 TEST_P(GradScalerBackend, UpdateBacksOffWhenTheFirstOfSeveralOptimizersOverflowed) {
   HandParam a({0.0f}, 1.0, dev()), b({0.0f}, 1.0, dev()), c({0.0f}, 1.0, dev());
   GradScaler scaler;
+  scale_loss(scaler, dev());
   a.set_grad(f32({kNaN}));
   b.set_grad(scaled({1.0f}, kDefaultScale, dev()));
   c.set_grad(scaled({1.0f}, kDefaultScale, dev()));
@@ -967,7 +979,7 @@ TEST_P(GradScalerBackend, UpdateBacksOffWhenTheFirstOfSeveralOptimizersOverflowe
 
 TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
   GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   record_iteration(scaler, false, dev());
   record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 1024.0);
@@ -983,14 +995,14 @@ TEST_P(GradScalerBackend, GrowsAfterGrowthIntervalCleanUpdates) {
 
 TEST_P(GradScalerBackend, GrowthUsesTheGrowthFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(10.0).growth_factor(1.5).growth_interval(1));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   record_iteration(scaler, false, dev());
   EXPECT_EQ(scaler.get_scale(), 15.0);
 }
 
 TEST_P(GradScalerBackend, BackoffHalvesTheScaleAndResetsTheTracker) {
   GradScaler scaler(GradScalerOptions().init_scale(1024.0).growth_interval(3));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   record_iteration(scaler, false, dev());
   record_iteration(scaler, false, dev());
   ASSERT_EQ(scaler.state_dict().at("growth_tracker"), 2.0);
@@ -1007,7 +1019,7 @@ TEST_P(GradScalerBackend, BackoffHalvesTheScaleAndResetsTheTracker) {
 
 TEST_P(GradScalerBackend, BackoffUsesTheBackoffFactor) {
   GradScaler scaler(GradScalerOptions().init_scale(1000.0).backoff_factor(0.25));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   record_iteration(scaler, true, dev());
   EXPECT_EQ(scaler.get_scale(), 250.0);
 }
@@ -1015,7 +1027,7 @@ TEST_P(GradScalerBackend, BackoffUsesTheBackoffFactor) {
 TEST_P(GradScalerBackend, ScaleNeverGrowsPastFloat32Max) {
   const double start = static_cast<double>(FLT_MAX) / 1.5;
   GradScaler scaler(GradScalerOptions().init_scale(start).growth_interval(1));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   const double stored = scaler.get_scale();
   EXPECT_TRUE(std::isfinite(stored));
   for (int i = 0; i < 3; ++i) {
@@ -1028,7 +1040,7 @@ TEST_P(GradScalerBackend, ScaleNeverGrowsPastFloat32Max) {
 
 TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
   GradScaler scaler;
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   scaler.update(3.0);
   EXPECT_EQ(scaler.get_scale(), 3.0);
   const auto out = scaler.scale(torch::full({}, 2.0, on()));
@@ -1039,7 +1051,7 @@ TEST_P(GradScalerBackend, UpdateNewScaleSetsTheScale) {
 TEST_P(GradScalerBackend, UpdateWithNothingRecordedLeavesTheScale) {
   // The scale exists on the device, but no optimizer was checked: no evidence, no growth.
   GradScaler scaler(GradScalerOptions().init_scale(4.0).growth_interval(1));
-  materialise_scale(scaler, dev());
+  scale_loss(scaler, dev());
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 4.0);
   EXPECT_EQ(scaler.counters().updates_without_checks, 1);
@@ -1047,11 +1059,26 @@ TEST_P(GradScalerBackend, UpdateWithNothingRecordedLeavesTheScale) {
   EXPECT_EQ(scaler.get_scale(), 8.0);
 }
 
-TEST_P(GradScalerBackend, UnscaleAndStepWithoutScaleCall) {
-  // No scale(): the scale is created on the gradients' device.
+TEST_P(GradScalerBackend, EveryCallThatNeedsTheScaleRefusesToRunBeforeScale) {
+  // As torch.amp.GradScaler: the scale exists from the first scale() on; before it,
+  // dividing gradients of a loss that was not scaled by it would be wrong.
   HandParam p({0.0f, 0.0f}, 1.0, dev());
   GradScaler scaler(GradScalerOptions().init_scale(64.0).growth_interval(1));
   p.set_grad(scaled({1.0f, -2.0f}, 64.0, dev()));
+  const auto grad = p.grad().clone();
+  for (const auto& [name, call] : std::vector<std::pair<const char*, std::function<void()>>>{
+           {"unscale_", [&] { scaler.unscale_(p.opt); }},
+           {"clip_grad_norm_", [&] { scaler.clip_grad_norm_(p.opt, 1.0); }},
+           {"step", [&] { scaler.step(p.opt); }},
+           {"update", [&] { scaler.update(); }},
+           {"update(new_scale)", [&] { scaler.update(2.0); }}}) {
+    EXPECT_TRUE(ThrowsError("before any scale()", call)) << name;
+    EXPECT_TRUE(torch::equal(p.grad(), grad)) << name << " changed a gradient";
+    EXPECT_TRUE(torch::equal(p.param.detach().cpu(), torch::tensor({0.0f, 0.0f}))) << name;
+    EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady) << name;
+    EXPECT_EQ(scaler.get_scale(), 64.0) << name;
+  }
+  scale_loss(scaler, dev());
   scaler.unscale_(p.opt);
   EXPECT_TRUE(torch::equal(p.grad().cpu(), torch::tensor({1.0f, -2.0f})));
   ASSERT_TRUE(scaler.step(p.opt).has_value());

@@ -140,8 +140,9 @@ TEST_P(GuardBackends, MaxScaleCapsGrowth) {
   EXPECT_EQ(scaler.get_scale(), 1000.0);
 }
 
-TEST(GuardMaxScale, UpdatesBeforeTheTensorsExistNeitherGrowNorCap) {
+TEST(GuardMaxScale, UpdatesWithoutChecksNeitherGrowNorCap) {
   GradScaler scaler(GradScalerOptions().init_scale(256).growth_interval(1).max_scale(300));
+  scale_loss(scaler);
   scaler.update();
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 256.0);
@@ -157,6 +158,7 @@ TEST(GuardMaxScale, AtFloat32MaxTheScaleStays) {
 
 TEST(GuardMaxScale, ExplicitScalesAboveItAreRefused) {
   GradScaler scaler(GradScalerOptions().init_scale(256).max_scale(1000));
+  scale_loss(scaler);
   EXPECT_TRUE(ThrowsValueError("max_scale", [&] { scaler.update(2000.0); }));
   EXPECT_EQ(scaler.get_scale(), 256.0);
   auto state = scaler.state_dict();
@@ -363,6 +365,7 @@ TEST_P(GuardBackends, FallingBelowMinScaleThrowsAndChangesNothing) {
 
 TEST(GuardMinScale, AnUnscaleOnlyOptimizerIsReadByUpdate) {
   GradScaler scaler(GradScalerOptions().init_scale(2).min_scale(2));
+  scale_loss(scaler);
   OneParam p;
   p.inf_grad();
   scaler.unscale_(p.optimizer);  // never stepped: update() must read its flag itself
@@ -392,6 +395,7 @@ TEST(GuardMinScale, HysteresisAbsorbsBeforeTheCheck) {
 
 TEST(GuardMinScale, ExplicitScalesBelowItAreRefused) {
   GradScaler scaler(GradScalerOptions().init_scale(256).min_scale(16));
+  scale_loss(scaler);
   EXPECT_TRUE(ThrowsValueError("min_scale", [&] { scaler.update(8.0); }));
   EXPECT_EQ(scaler.get_scale(), 256.0);
   EXPECT_NO_THROW(scaler.update(16.0));

@@ -92,6 +92,7 @@ struct ModelEvent {
 struct Model {
   ModelOptions o;
   float scale = 65536.0f;
+  bool scaled = false;  // scale() has made the scale; unscale_, step and update need it
   int32_t growth_tracker = 0, overflow_tracker = 0;
   struct Opt {
     OptimizerStage stage = OptimizerStage::kReady;
@@ -171,7 +172,7 @@ struct Model {
     if (!o.enabled) {
       return Outcome::kOk;
     }
-    if (opt[k].stage != OptimizerStage::kReady) {
+    if (!scaled || opt[k].stage != OptimizerStage::kReady) {
       return Outcome::kError;
     }
     unscale_grads(k);
@@ -194,7 +195,7 @@ struct Model {
       sgd_step(k);
       return {Outcome::kOk, true};
     }
-    if (opt[k].stage == OptimizerStage::kStepped) {
+    if (!scaled || opt[k].stage == OptimizerStage::kStepped) {
       return {Outcome::kError, false};
     }
     if (opt[k].stage == OptimizerStage::kReady) {
@@ -252,6 +253,9 @@ struct Model {
     if (!o.enabled) {
       return Outcome::kOk;
     }
+    if (!scaled) {
+      return Outcome::kError;
+    }
     bool evidence = false;
     for (const auto& x : opt) {
       evidence = evidence || (x.stage != OptimizerStage::kReady && x.checked);
@@ -294,6 +298,9 @@ struct Model {
   Outcome update(double value) {
     if (!o.enabled) {
       return Outcome::kOk;
+    }
+    if (!scaled) {
+      return Outcome::kError;
     }
     if (!(std::isfinite(value) && value > 0 && value <= FLT_MAX) ||
         static_cast<float>(value) == 0.0f) {
@@ -460,7 +467,13 @@ class Sequence {
     }
   }
 
+  // Usually the backward pass of a scaled loss: scale() first.
   void set_grads(int k) {
+    if (chance(80)) {
+      log_ << "scale(1)\n";
+      real_.scaler->scale(torch::ones({}));
+      model_.scaled = model_.scaled || model_.o.enabled;
+    }
     const bool clean = chance(60);
     for (int i = 0; i < kParams; ++i) {
       if (chance(10)) {
@@ -574,6 +587,7 @@ class Sequence {
       const float x = static_cast<float>(static_cast<int>(pick(21)) - 10) / 4.0f;
       log_ << "scale(" << x << ")\n";
       const torch::Tensor out = real_.scaler->scale(torch::scalar_tensor(x));
+      model_.scaled = model_.scaled || model_.o.enabled;
       const float expect = model_.o.enabled ? x * model_.scale : x;
       if (!same_float(out.item<float>(), expect)) {
         return "scale(" + std::to_string(x) + ") = " + std::to_string(out.item<float>()) +
@@ -646,6 +660,7 @@ class Sequence {
       }
       model_.report.reset();
       model_.callback = false;
+      model_.scaled = false;  // a fresh scaler: no scale until its first scale()
       return "";
     } else {
       return "";  // observe only

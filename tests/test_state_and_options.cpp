@@ -189,6 +189,7 @@ TEST(GradScalerState, StateDictFollowsUpdates) {
 
 TEST(GradScalerState, UpdatesBeforeAnyCheckLeaveTheStateDict) {
   GradScaler scaler(GradScalerOptions().init_scale(16.0).growth_interval(3));
+  scale_loss(scaler);
   const auto before = scaler.state_dict();
   for (int i = 0; i < 4; ++i) {
     scaler.update();  // no gradient was ever checked: no evidence of a clean step

@@ -46,9 +46,10 @@ struct ViewParam {
     return v;
   }
   void grad_for(bool overflow) { param.mutable_grad() = (overflow ? bad : clean).clone(); }
-  // One iteration: a gradient with or without an inf, step, update. Returns whether the
-  // step ran.
+  // One iteration: scale(), a gradient with or without an inf, step, update. Returns
+  // whether the step ran.
   bool iterate(GradScaler& scaler, bool overflow) {
+    scale_loss(scaler, param.device());
     grad_for(overflow);
     const bool ran = scaler.step(view());
     scaler.update();
@@ -255,6 +256,7 @@ TEST(TrustFloat16, ErrorNamesTheRegisteredParameter) {
   model->to(torch::kHalf);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
   GradScaler scaler;
+  scale_loss(scaler);
   scaler.set_parameter_names(model->named_parameters(), "head.");
   for (auto& param : model->parameters()) {
     param.mutable_grad() = torch::ones_like(param);
@@ -358,6 +360,7 @@ void run_against_reference(torch::Device device, uint64_t seed, Make make) {
     auto reference = make(rng, options);
     options.overflow_warning_streak(0);
     GradScaler scaler(options);
+    scale_loss(scaler, device);
     const int length = 5 + static_cast<int>(rng() % 25);
     const int overflow_percent = 20 + static_cast<int>(rng() % 60);
     for (int i = 0; i < length; ++i) {

@@ -78,6 +78,7 @@ def main():
         ("lucid_amp FusedAdamW: step()", opt.step),
     ]
     scaler = lucid_amp.GradScaler(dev, init_scale=1.0)
+    scaler.scale(torch.ones((), device=dev))  # makes the scale, as a training loop's first scale()
 
     def scaler_step_update():
         scaler.step(opt)

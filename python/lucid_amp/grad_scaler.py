@@ -380,10 +380,12 @@ class GradScaler:
             optimizer.found_inf = found_inf
 
         groups = _param_groups(optimizer)
-        if not getattr(optimizer, "_unscales_without_writing", False) and self._core.stage(key) == 0:
+        if (not getattr(optimizer, "_unscales_without_writing", False) and self._core.stage(key) == 0
+                and self._core.scale_tensor() is not None):
             # PyTorch's fused kernels write a gradient they unscale back to memory: one
             # read-write pass here (unscaling and checking) then costs less than a check
             # plus their slower step. They get found_inf and no scale, as after unscale_.
+            # Before any scale() there is no scale, and step() below says so.
             self._core.unscale_(key, groups)
         try:
             self._core.step(key, groups, run_step, hand_off)

@@ -41,11 +41,8 @@ double ScaleSchedule::value() const {
 }
 
 void ScaleSchedule::set(float value) {
-  if (scale_.defined()) {
-    scale_.fill_(value);
-  } else {
-    host_scale_ = value;
-  }
+  TORCH_INTERNAL_ASSERT(scale_.defined(), "the scale is set only once scale() has made it");
+  scale_.fill_(value);
 }
 
 bool ScaleSchedule::guarded() const {

@@ -133,14 +133,8 @@ void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& re
                                   GradientPass pass) {
   const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
   record.had_gradients = !grads.empty();
-  if (!grads.empty()) {
-    schedule_.place(grads.front().device());
-  }
   // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
-  // made, clean, whenever the scale exists, so that a hook runs on every rank alike.
-  if (!schedule_.placed()) {
-    return;
-  }
+  // made, clean, so that a hook runs on every rank alike.
   at::Tensor found_inf = at::zeros({}, schedule_.scale().options());
   if (pass == GradientPass::kUnscale) {
     unscale_grads_(grads, schedule_.scale(), found_inf);
@@ -159,6 +153,7 @@ void ScalerCore::unscale_(const OptimizerView& view) {
   if (!enabled()) {
     return;
   }
+  check_scaled_("unscale_");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
   record_overflow_(view, record, GradientPass::kUnscale);
@@ -177,18 +172,11 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
     }
     return ::lucid::amp::clip_grad_norm_(params, max_norm, norm_type);
   }
+  check_scaled_("clip_grad_norm_");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
   const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
   record.had_gradients = !grads.empty();
-  if (!grads.empty()) {
-    schedule_.place(grads.front().device());
-  }
-  if (!schedule_.placed()) {
-    // Nothing to clip and no scale yet: PyTorch's norm of no gradients.
-    record.stage = OptimizerStage::kUnscaled;
-    return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
-  }
   const at::Tensor& scale = schedule_.scale();
   at::Tensor found_inf = at::zeros({}, scale.options());
   // NOTE: [Clipping in the check pass] The one read pass checks the gradients and
@@ -229,11 +217,12 @@ bool ScalerCore::step(const OptimizerView& view) {
     view.step();
     return true;
   }
+  check_scaled_("step");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_step(record);
   if (options().strict_inf_checks()) {
     const bool checked = record.stage == OptimizerStage::kReady
-                             ? has_any_gradient(view) || (found_inf_hook_ && schedule_.placed())
+                             ? has_any_gradient(view) || static_cast<bool>(found_inf_hook_)
                              : record.checked;
     TORCH_CHECK(checked,
                 "No inf checks were recorded for this optimizer: none of its parameters has a "
@@ -285,11 +274,7 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   if (options().graph_safe()) {
     // The host never learns here whether the step was skipped: the flag stays unread and
     // the device counts the outcome (NOTE: [Counting on the device]).
-    if (schedule_.placed()) {
-      diagnostics_.tally().note_step(view.key, record.found_inf, schedule_.scale().device());
-    } else {
-      diagnostics_.note_step(view.key, /*skipped=*/false);  // no scale yet: nothing to skip
-    }
+    diagnostics_.tally().note_step(view.key, record.found_inf, schedule_.scale().device());
     return true;
   }
   if (view.defer_outcome) {
@@ -311,7 +296,7 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
 bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& record,
                                  const at::Tensor& scale_at_step) {
   if (!record.found_inf.defined()) {
-    return false;  // no scale yet, so nothing was unscaled: clean
+    return false;  // not checked in this iteration (its unscale_ or step threw)
   }
   if (!record.found_inf_read) {
     PendingFlagRead& on_host = record.found_inf_on_host;
@@ -365,6 +350,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
   if (!enabled()) {
     return;
   }
+  check_scaled_("update");
   if (new_scale.has_value()) {
     resolve_deferred_steps_();
     const float value = checked_scale(*new_scale, "update(new_scale)");
@@ -469,6 +455,15 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   return event;
 }
 
+void ScalerCore::check_scaled_(const char* call) const {
+  // As torch.amp.GradScaler, whose scale does not exist before the first scale(): the
+  // gradients of a loss that was not scaled must not be divided by the scale.
+  TORCH_CHECK(schedule_.placed(), call,
+              "() was called before any scale(): the scale is made by the first scale() "
+              "call, and gradients of a loss that was not scaled must not be divided by it. "
+              "Call scale(loss) and backward() on its result first. Nothing was changed.");
+}
+
 void ScalerCore::check_overflow_streak_() const {
   const int64_t limit = options().max_overflow_streak();
   const int64_t streak = diagnostics_.counters().overflow_streak + 1;  // with this update
@@ -507,12 +502,9 @@ at::Tensor ScalerCore::found_inf(const void* key) const {
               "found_inf(optimizer): no overflow check was recorded for this optimizer since "
               "the last update(). Call unscale_(optimizer), clip_grad_norm_(optimizer, ...) or "
               "step(optimizer) first; update() starts a new iteration.");
-  if (record->found_inf.defined()) {
-    return record->found_inf;
-  }
-  // No scale yet (or disabled): nothing was unscaled, so nothing overflowed.
-  const at::Device device = schedule_.placed() ? schedule_.scale().device() : at::Device(at::kCPU);
-  return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  // A stage past ready was reached by a check, which made the flag.
+  TORCH_INTERNAL_ASSERT(record->found_inf.defined());
+  return record->found_inf;
 }
 
 bool ScalerCore::overflowed(const OptimizerView& view) {

@@ -84,6 +84,8 @@ class ScalerCore {
   // read per optimizer, the first of which waits for the device); `scale_at_step` as
   // above.
   void resolve_deferred_steps_(const at::Tensor& scale_at_step = {});
+  // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
+  void check_scaled_(const char* call) const;
   std::optional<BackoffEvent> update_on_device_();
   // Throws when this overflowing update reaches max_overflow_streak.
   void check_overflow_streak_() const;

@@ -54,6 +54,8 @@ def test_scaler_clip_equals_unscale_then_clip(device, fused):
     opt_a, opt_b = make(ours), make(theirs)
     a = lucid_amp.GradScaler(device, init_scale=1024.0)
     b = lucid_amp.GradScaler(device, init_scale=1024.0)
+    for s in (a, b):
+        s.scale(torch.ones((), device=device))  # the loss whose gradients these are
     norm = a.clip_grad_norm_(opt_a, 0.5)
     b.unscale_(opt_b)
     want = torch.nn.utils.clip_grad_norm_(theirs, 0.5)
@@ -72,6 +74,7 @@ def test_bad_arguments_raise_value_error():
         scaler.clip_grad_norm_(opt, 0.0)
     with pytest.raises(ValueError, match="norm_type"):
         lucid_amp.clip_grad_norm_(params, 1.0, -1.0)
+    scaler.scale(torch.ones(()))
     scaler.unscale_(opt)
     with pytest.raises(RuntimeError, match="unscale_"):
         scaler.clip_grad_norm_(opt, 1.0)
@@ -83,6 +86,7 @@ def test_non_finite_norm_skips_the_step():
     before = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.1)
     scaler = lucid_amp.GradScaler("cpu")
+    scaler.scale(torch.ones(()))
     assert math.isnan(scaler.clip_grad_norm_(opt, 1.0).item())
     assert scaler.step(opt) is None
     for p, q in zip(params, before):

@@ -92,6 +92,42 @@ def test_unscale_divides_the_gradients_once_and_step_does_not_divide_again(scale
     assert scaler.stage(opt) == "ready"
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "fused_adamw"])
+@pytest.mark.parametrize("call", ["unscale_", "clip_grad_norm_", "step", "update", "update(4.0)"])
+def test_every_call_that_needs_the_scale_refuses_to_run_before_scale(call, optimizer):
+    # torch.amp.GradScaler raises too: its scale does not exist until the first scale().
+    def run(scaler, opt):
+        if call == "update(4.0)":
+            scaler.update(4.0)
+        elif call == "clip_grad_norm_":
+            if isinstance(scaler, lucid_amp.GradScaler):
+                scaler.clip_grad_norm_(opt, 1.0)
+            else:
+                scaler.unscale_(opt)
+        else:
+            getattr(scaler, call)(*(() if call == "update" else (opt,)))
+
+    for kind in (torch.amp.GradScaler, lucid_amp.GradScaler):
+        model = make_model()
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1024.0)
+        make = lucid_amp.optim.FusedAdamW if optimizer == "fused_adamw" else torch.optim.SGD
+        opt = make(model.parameters(), lr=0.1)
+        scaler = kind("cpu", init_scale=1024.0)
+        before, grads_before = params(model), grads(model)
+        with pytest.raises((RuntimeError, AssertionError)) as raised:
+            run(scaler, opt)
+        if kind is lucid_amp.GradScaler:
+            assert "before any scale()" in str(raised.value) and "Call scale(loss)" in str(raised.value)
+            assert scaler.stage(opt) == "ready"
+        assert same(params(model), before) and same(grads(model), grads_before)
+        assert scaler.get_scale() == 1024.0
+        scaler.scale(torch.ones(()))  # from here on the same call runs
+        if call == "update":
+            scaler.step(opt)  # PyTorch's update() wants a checked step
+        run(scaler, opt)
+
+
 def test_unscale_twice_raises_runtime_error_and_changes_nothing(scaler):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -274,6 +310,7 @@ def test_update_grows_after_growth_interval_clean_steps():
 
 
 def test_update_new_scale_takes_a_float_or_a_one_element_tensor(scaler):
+    scaler.scale(torch.ones(1))
     scaler.update(8.0)
     assert scaler.get_scale() == 8.0
     scaler.update(torch.tensor([16.0]))
@@ -441,6 +478,7 @@ def test_pickling_keeps_state_options_and_counters():
     assert dst.state_dict() == src.state_dict()
     assert dst.counters() == src.counters() and dst.counters().steps_taken == 3
     assert dst.get_growth_interval() == 5
+    dst.scale(torch.ones(1))  # as PyTorch's, an unpickled scaler makes its scale anew
     with pytest.raises(ValueError, match="min_scale"):
         dst.update(0.5)  # min_scale survived: below the guard
     disabled = pickle.loads(pickle.dumps(lucid_amp.GradScaler("cpu", enabled=False)))
@@ -738,11 +776,12 @@ def test_strict_inf_checks_raises_pytorchs_errors():
     strict = lucid_amp.GradScaler("cpu", strict_inf_checks=True)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in (lenient, strict):
+        s.scale(torch.ones(1))
     lenient.update()  # nothing checked: counted, scale left as it is
     assert lenient.counters().updates_without_checks == 1
     with pytest.raises(RuntimeError, match="No inf checks were recorded prior to update"):
         strict.update()
-    strict.scale(torch.ones(1))
     with pytest.raises(RuntimeError, match="No inf checks were recorded for this optimizer"):
         strict.step(opt)  # no parameter has a gradient
 

@@ -127,8 +127,15 @@ struct OneParam {
   torch::optim::SGD optimizer;
 };
 
-// One iteration on `p`: a gradient with or without an inf, step, update.
+// The iteration's scale() call, on a loss of one on `device`: the first one makes the
+// scale there, and unscale_, clip_grad_norm_, step and update refuse to run before it.
+inline void scale_loss(GradScaler& scaler, torch::Device device = torch::kCPU) {
+  scaler.scale(torch::ones({}, torch::TensorOptions().device(device)));
+}
+
+// One iteration on `p`: scale(), a gradient with or without an inf, step, update.
 inline void iterate(GradScaler& scaler, OneParam& p, bool overflow) {
+  scale_loss(scaler, p.param.device());
   p.grad_for(overflow);
   scaler.step(p.optimizer);
   scaler.update();
