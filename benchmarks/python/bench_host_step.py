@@ -3,7 +3,8 @@
 
 N one-element float32 parameters (144 by default, the tensor count of bench_loops.py's
 116M model) on one device: the time of one call of
-  * lucid_amp.optim.FusedAdamW.step() and its kernel entry (_FusedGroup.adam_) alone,
+  * lucid_amp.optim.FusedAdamW.step() and its kernel entry alone (_FusedGroup.prepare_,
+    which takes and checks every tensor, and adam_, which launches),
   * lucid_amp.GradScaler step + update with that optimizer,
   * torch.optim.AdamW(foreach=True).step() beside them (and fused=True where the
     installed PyTorch has it for the device),
@@ -72,9 +73,13 @@ def main():
     group = opt.param_groups[0]
     fused = opt._lucid_groups[0][2]
     hyper = (1e-3, 0.9, 0.999, 1e-8, 1e-2, False, True, None, None)
+
+    def kernel_entry():
+        fused.prepare_(group["params"])
+        fused.adam_(*hyper)
+
     rows = [
-        ("lucid_amp FusedAdamW: kernel entry (_FusedGroup.adam_)",
-         lambda: fused.adam_(group["params"], *hyper)),
+        ("lucid_amp FusedAdamW: kernel entry (prepare_ + adam_)", kernel_entry),
         ("lucid_amp FusedAdamW: step()", opt.step),
     ]
     scaler = lucid_amp.GradScaler(dev, init_scale=1.0)

@@ -2,8 +2,9 @@
 // Python bindings of lucid-amp's fused optimizer kernels (lucid_amp._C._FusedGroup), for
 // lucid_amp.optim's torch.optim.Optimizer subclasses (python/lucid_amp/optim/fused.py),
 // which keep the state in torch.optim's form. A _FusedGroup holds one param group's
-// aligned state lists, checked and grouped by device and dtype once; each step reads the
-// gradients and launches through the same routing as lucid::optim's C++ optimizers.
+// state lists, checked and bucketed by device and dtype once; each step reads the
+// gradients, checks what the kernels will use, and launches through the same routing and
+// the same checks as lucid::optim's C++ optimizers (optim/fused_launch.h).
 
 #include "bindings.h"
 
@@ -13,7 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 namespace lucid {
@@ -22,157 +23,189 @@ namespace {
 
 using optim::detail::AdamHyper;
 using optim::detail::Bucket;
+using optim::detail::launchable;
 using optim::detail::SgdHyper;
 using TensorList = std::vector<at::Tensor>;
-
-// Indices of `params` per (device, dtype), in first-seen order; every list in `lists`
-// must be aligned with `params`.
-struct Group {
-  Bucket bucket;
-  std::vector<size_t> index;
-};
-
-std::vector<Group> group_by_device_and_dtype(const char* name, const TensorList& params,
-                                             const TensorList& grads,
-                                             const std::vector<const TensorList*>& states) {
-  TORCH_CHECK(grads.size() == params.size(), name, ": ", params.size(), " parameters but ",
-              grads.size(), " gradients.");
-  for (const TensorList* s : states) {
-    TORCH_CHECK(s->size() == params.size(), name, ": a state list of ", s->size(),
-                " tensors for ", params.size(), " parameters.");
-  }
-  std::vector<Group> groups;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    const at::Tensor& g = grads[i];
-    TORCH_CHECK(g.defined(), name, ": parameter ", i, " has no gradient.");
-    common::check_plain_tensor(p, name, "parameter ", i);
-    common::check_plain_tensor(g, name, "the gradient of parameter ", i);
-    TORCH_CHECK_NOT_IMPLEMENTED(!g.is_sparse(), name, " does not support sparse gradients.");
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, name,
-        " updates float32 and float64 parameters; parameter ", i, " is ", p.scalar_type(),
-        ". Keep master weights in float32 and let autocast run the forward pass.");
-    TORCH_CHECK(g.scalar_type() == p.scalar_type(), name, ": parameter ", i, " is ",
-                p.scalar_type(), " but its gradient is ", g.scalar_type(), ".");
-    TORCH_CHECK(g.device() == p.device(), name, ": parameter ", i, " is on ", p.device(),
-                " but its gradient is on ", g.device(), ".");
-    TORCH_CHECK_NOT_IMPLEMENTED(p.is_cpu() || p.is_cuda(), name,
-                                " runs on CPU and CUDA; parameter ", i, " is on ", p.device(), ".");
-    for (const TensorList* s : states) {
-      const at::Tensor& t = (*s)[i];
-      common::check_plain_tensor(t, name, "the state of parameter ", i);
-      TORCH_CHECK(t.device() == p.device() && t.is_contiguous(), name, ": the state of parameter ",
-                  i, " must be contiguous and on ", p.device(), ".");
-    }
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& gr) {
-      return gr.bucket.device == p.device() && gr.bucket.dtype == p.scalar_type();
-    });
-    if (it == groups.end()) {
-      groups.push_back({Bucket{p.device(), p.scalar_type(), {}, {}, {}}, {}});
-      it = std::prev(groups.end());
-    }
-    it->bucket.originals.push_back(p);
-    it->bucket.params.push_back(p.is_contiguous() ? p : p.contiguous());
-    it->bucket.grads.push_back(g.is_contiguous() ? g : g.contiguous());
-    it->index.push_back(i);
-  }
-  return groups;
-}
-
-TensorList pick(const TensorList& list, const std::vector<size_t>& index) {
-  TensorList out;
-  out.reserve(index.size());
-  for (size_t i : index) {
-    out.push_back(list[i]);
-  }
-  return out;
-}
 
 at::Tensor or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
 }
 
-// One param group of a lucid_amp.optim optimizer, its kernel arguments kept between
-// steps: the group's parameter list as Python holds it (to tell when it changed), which
-// of them had a gradient when it was built, and per device and dtype the aligned state
-// lists. A step reads only the gradients again; when the parameter list or the set of
-// parameters with a gradient no longer matches, it does nothing and returns false, and
-// Python gathers the state anew (python/lucid_amp/optim/fused.py, _CachedListsMixin).
+// Whether any of a set of Python dicts was changed (an item added, replaced, deleted)
+// since they were recorded: here the optimizer's state and each parameter's state dict,
+// from which a group's state lists were taken, so that an entry replaced by assignment is
+// seen. CPython's dict watchers tell it from 3.12 on, at no cost per step; before 3.12,
+// each dict's version tag (PEP 509), one load per dict and step.
+class DictWatch {
+ public:
+  explicit DictWatch(const py::list& dicts) {
+    for (const py::handle d : dicts) {
+      TORCH_CHECK(PyDict_Check(d.ptr()), "_FusedGroup: a watched object is not a dict.");
+      dicts_.push_back(py::reinterpret_borrow<py::object>(d));
+#if PY_VERSION_HEX >= 0x030C0000
+      if (PyDict_Watch(watcher(), d.ptr()) != 0) {
+        throw py::error_already_set();
+      }
+#else
+      versions_.push_back(reinterpret_cast<PyDictObject*>(d.ptr())->ma_version_tag);
+#endif
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    recorded_ = changes();
+#endif
+  }
+
+  bool changed() const {
+#if PY_VERSION_HEX >= 0x030C0000
+    return changes() != recorded_;
+#else
+    for (size_t i = 0; i < dicts_.size(); ++i) {
+      if (reinterpret_cast<PyDictObject*>(dicts_[i].ptr())->ma_version_tag != versions_[i]) {
+        return true;
+      }
+    }
+    return false;
+#endif
+  }
+
+ private:
+#if PY_VERSION_HEX >= 0x030C0000
+  // Every event of every watched dict counts: a change to another group's dicts only
+  // makes this group gather its lists once more.
+  static uint64_t& changes() {
+    static uint64_t count = 0;
+    return count;
+  }
+  static int watcher() {
+    static const int id = PyDict_AddWatcher(
+        [](PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) -> int {
+          ++changes();
+          return 0;
+        });
+    TORCH_CHECK(id >= 0, "lucid_amp: no dict watcher is left in this interpreter.");
+    return id;
+  }
+  uint64_t recorded_ = 0;
+#else
+  std::vector<uint64_t> versions_;
+#endif
+  std::vector<py::object> dicts_;  // held, so that an address is not reused
+};
+
+// One param group of a lucid_amp.optim optimizer, its state lists kept between steps.
+// A step takes the parameters and gradients from the group's parameter list anew and
+// launches with the kept state lists when nothing a kernel uses changed
+// (NOTE: [Launch layout]); a tensor of another layout goes through a copy, and sizes,
+// dtypes or devices that no longer match raise before anything is written. When the
+// parameter list, the set of parameters with a gradient, a device or dtype, or a watched
+// state dict changed, a step does nothing and returns false, and Python gathers the state
+// anew (python/lucid_amp/optim/fused.py, _CachedListsMixin): as torch.optim would, it
+// then finds replaced state entries, or makes fresh ones.
 class FusedGroup {
  public:
-  // `params_list`: the group's parameters; `states`: the state lists aligned with the
-  // parameters that have a gradient now (Adam: exp_avg, exp_avg_sq, [max_exp_avg_sq],
-  // steps; SGD: [momentum_buffer], steps), step counters last.
-  FusedGroup(std::string name, const py::list& params_list, std::vector<TensorList> states)
-      : name_(std::move(name)) {
+  // `group`: the param group's index; `params_list`: its parameters; `states`: the state
+  // lists aligned with the parameters that have a gradient now, named by `state_names`
+  // (Adam: exp_avg, exp_avg_sq, [max_exp_avg_sq], step; SGD: [momentum_buffer], step),
+  // step counters last; `watched`: the dicts they were taken from.
+  FusedGroup(std::string name, size_t group, const py::list& params_list,
+             std::vector<TensorList> states, std::vector<std::string> state_names,
+             const py::list& watched)
+      : name_(std::move(name)),
+        group_(group),
+        state_names_(std::move(state_names)),
+        watch_(watched) {
+    TORCH_CHECK(!states.empty() && states.size() == state_names_.size(), name_,
+                ": one name per state list, step counters last.");
     TensorList with_grad;
-    std::vector<bool> has_grad;
+    size_t i = 0;
     for (const py::handle item : params_list) {
-      const at::Tensor p = py::cast<at::Tensor>(item);
+      TORCH_CHECK(THPVariable_Check(item.ptr()), name_, ": parameter ", i, " of param group ",
+                  group_, " is not a tensor.");
+      const at::Tensor& p = THPVariable_Unpack(item.ptr());
       params_.push_back(py::reinterpret_borrow<py::object>(item));
-      numel_.push_back(p.numel());
-      has_grad.push_back(p.grad().defined());
-      if (has_grad.back()) {
+      bucket_of_.push_back(-1);
+      if (p.grad().defined()) {
         with_grad.push_back(p);
+        with_grad_index_.push_back(i);
       }
+      ++i;
     }
-    TORCH_CHECK(!states.empty(), name_, ": no state lists (the step counters come last).");
-    for (const at::Tensor& s : states.back()) {
-      TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 0, name_,
-                  ": step counters must be float32 0-dim tensors.");
-    }
-    // The kernels walk a parameter's state element by element: sizes must agree.
-    for (size_t s = 0; s + 1 < states.size(); ++s) {
-      TORCH_CHECK(states[s].size() == with_grad.size(), name_, ": a state list of ",
-                  states[s].size(), " tensors for ", with_grad.size(), " parameters.");
-      for (size_t i = 0; i < with_grad.size(); ++i) {
-        TORCH_CHECK(states[s][i].numel() == with_grad[i].numel(), name_,
-                    ": the state of a parameter of ", with_grad[i].numel(), " elements has ",
-                    states[s][i].numel(), ".");
-      }
-    }
-    std::vector<const TensorList*> checked;
     for (const TensorList& s : states) {
-      checked.push_back(&s);
+      TORCH_CHECK(s.size() == with_grad.size(), name_, ": a state list of ", s.size(),
+                  " tensors for ", with_grad.size(), " parameters with a gradient.");
     }
-    const TensorList grads = grads_of(with_grad);
-    std::vector<int> bucket_of_grad(with_grad.size());
-    for (Group& g : group_by_device_and_dtype(name_.c_str(), with_grad, grads, checked)) {
-      Kept kept{g.bucket.device, g.bucket.dtype, g.index, {TensorList(), TensorList()}};
-      for (const TensorList& s : states) {
-        kept.lists.push_back(pick(s, g.index));
+    for (const Bucket& b : optim::detail::bucket_params(with_grad, with_grad_index_, group_,
+                                                        name_.c_str())) {
+      Kept kept{b.device, b.dtype, b.index, b.position, {TensorList(), TensorList()}};
+      for (size_t s = 0; s < states.size(); ++s) {
+        TensorList picked;
+        for (size_t k = 0; k < b.position.size(); ++k) {
+          const at::Tensor& p = b.originals[k];
+          const at::Tensor& t = states[s][b.position[k]];
+          if (s + 1 == states.size()) {
+            optim::detail::check_step_counter(p, t, name_.c_str(), group_, b.index[k]);
+          } else {
+            optim::detail::check_like_param(p, t, name_.c_str(), state_names_[s].c_str(),
+                                            group_, b.index[k]);
+          }
+          picked.push_back(t);
+        }
+        kept.lists.push_back(std::move(picked));
       }
-      for (size_t i : g.index) {
-        bucket_of_grad[i] = static_cast<int>(kept_.size());
+      for (size_t k = 0; k < b.index.size(); ++k) {
+        bucket_of_[b.index[k]] = static_cast<int>(kept_.size());
       }
       kept_.push_back(std::move(kept));
     }
-    size_t k = 0;
-    for (bool has : has_grad) {
-      bucket_of_.push_back(has ? bucket_of_grad[k++] : -1);
-    }
   }
 
-  bool adam_(const py::list& params_list, double lr, double beta1, double beta2, double eps,
-             double weight_decay, bool amsgrad, bool decoupled_weight_decay,
-             const c10::optional<at::Tensor>& grad_scale,
+  // Takes the parameters and gradients of `params_list` and checks every tensor a launch
+  // will use, raising before anything is written; false (nothing prepared) when the group
+  // changed and must be gathered anew. An optimizer prepares all its groups before it
+  // launches any, so an error in one leaves every group as it was.
+  bool prepare_(const py::list& params_list) {
+    release_();
+    if (watch_.changed()) {
+      return false;
+    }
+    if (fill_unchanged(params_list)) {
+      prepared_ = true;
+      return true;
+    }
+    release_();  // what fill_unchanged filled before it stopped
+    prepared_ = fill_checked(params_list);
+    return prepared_;
+  }
+
+  void adam_(double lr, double beta1, double beta2, double eps, double weight_decay,
+             bool amsgrad, bool decoupled_weight_decay, const c10::optional<at::Tensor>& grad_scale,
              const c10::optional<at::Tensor>& found_inf) {
     const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay};
-    return run(params_list, [&](const at::Device& device, const std::vector<TensorList>& lists) {
+    launch([&](const at::Device& device, const std::vector<TensorList>& lists) {
       optim::detail::launch_adam(device, lists, hyper, or_undefined(grad_scale),
                                  or_undefined(found_inf));
     });
   }
 
-  bool sgd_(const py::list& params_list, double lr, double momentum, double dampening,
-            double weight_decay, bool nesterov, const c10::optional<at::Tensor>& grad_scale,
+  void sgd_(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+            const c10::optional<at::Tensor>& grad_scale,
             const c10::optional<at::Tensor>& found_inf) {
     const SgdHyper hyper{lr, momentum, dampening, weight_decay, nesterov};
-    return run(params_list, [&](const at::Device& device, const std::vector<TensorList>& lists) {
+    launch([&](const at::Device& device, const std::vector<TensorList>& lists) {
       optim::detail::launch_sgd(device, lists, hyper, or_undefined(grad_scale),
                                 or_undefined(found_inf));
     });
+  }
+
+  // Drops what prepare_ took, so that no tensor of a parameter is held between steps.
+  void release_() {
+    for (Kept& k : kept_) {
+      k.lists[0].clear();
+      k.lists[1].clear();
+    }
+    checked_buckets_.clear();
+    checked_lists_.clear();
+    prepared_ = false;
   }
 
  private:
@@ -182,92 +215,82 @@ class FusedGroup {
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
-    std::vector<size_t> index;      // into the parameters that have a gradient
-    std::vector<TensorList> lists;  // [params, grads, states...], aligned with index
+    std::vector<size_t> index;      // each parameter's index in the param group
+    std::vector<size_t> position;   // and among the parameters that have a gradient
+    std::vector<TensorList> lists;  // [params, grads, states..., steps]
   };
 
-  static TensorList grads_of(const TensorList& params) {
-    TensorList grads;
-    grads.reserve(params.size());
-    for (const at::Tensor& p : params) {
-      grads.push_back(p.grad());
+  // The parameters of `params_list` that have a gradient, when they are the objects this
+  // group was built from, with gradients exactly where they were; null otherwise.
+  // Compared by Python object, as torch.optim keys its state: a module conversion may swap
+  // the tensor under a Parameter (torch.utils.swap_tensors), which keeps its state.
+  c10::optional<TensorList> same_parameters(const py::list& params_list) const {
+    if (PyList_GET_SIZE(params_list.ptr()) != static_cast<Py_ssize_t>(params_.size())) {
+      return c10::nullopt;
     }
-    return grads;
-  }
-
-  // Whether `params_list` holds the same parameters, of the same sizes, with gradients
-  // exactly where they were when this group was built; if so, `with_grad` gets those
-  // with a gradient. Compared by Python object, as torch.optim keys its state: a module
-  // conversion may swap the tensor under a Parameter (torch.utils.swap_tensors), which
-  // keeps its state, and the tensors are taken from the objects anew on every step.
-  bool matches(const py::list& params_list, TensorList* with_grad) const {
-    if (py::len(params_list) != params_.size()) {
-      return false;
-    }
-    with_grad->clear();
+    TensorList with_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       PyObject* item = PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i));
-      if (!THPVariable_Check(item)) {
-        return false;
-      }
       // params_ holds the objects, so an address is not reused while they are compared.
       if (item != params_[i].ptr()) {
-        return false;
+        return c10::nullopt;
       }
       const at::Tensor& p = THPVariable_Unpack(item);
-      const bool has_grad = bucket_of_[i] >= 0;
-      if (p.numel() != numel_[i] || p.grad().defined() != has_grad) {
-        return false;
+      if (p.grad().defined() != (bucket_of_[i] >= 0)) {
+        return c10::nullopt;
       }
-      if (has_grad) {
-        with_grad->push_back(p);
+      if (bucket_of_[i] >= 0) {
+        with_grad.push_back(p);
       }
     }
-    return true;
+    return with_grad;
   }
 
-  // Empties every bucket's parameter and gradient lists.
-  void release_launch_lists() {
-    for (Kept& k : kept_) {
-      k.lists[0].clear();
-      k.lists[1].clear();
-    }
-  }
-
-  // Calls release_launch_lists() when it goes out of scope.
-  struct ReleaseLaunchLists {
+  // Calls release_() when it goes out of scope.
+  struct Release {
     FusedGroup& group;
-    ~ReleaseLaunchLists() { group.release_launch_lists(); }
+    ~Release() { group.release_(); }
   };
 
-  // Fills the launch lists when nothing changed since the group was built: the same
-  // parameter objects, sizes, devices and dtypes, gradients exactly where they were, each
-  // dense and contiguous with its parameter's dtype and device. This is every step of a
-  // steady training loop, so it checks only that, without copying any list; false sends
-  // the step through fill_checked, which tells what changed or raises.
+  // Fills the launch lists when every tensor is as a launch needs it and as the group was
+  // built: the same parameter objects, each plain, dense, on its bucket's device and
+  // dtype, gradients exactly where they were and every gradient and kept state tensor
+  // launchable with its parameter (NOTE: [Launch layout]). This is every step of a steady
+  // training loop, so it checks only that, without copying any list; false sends the step
+  // through the checked way, which tells what changed or raises.
   bool fill_unchanged(const py::list& params_list) {
     if (PyList_GET_SIZE(params_list.ptr()) != static_cast<Py_ssize_t>(params_.size())) {
       return false;
     }
     for (size_t i = 0; i < params_.size(); ++i) {
       PyObject* item = PyList_GET_ITEM(params_list.ptr(), static_cast<Py_ssize_t>(i));
-      // params_ holds the objects, so an address is not reused while they are compared.
       if (item != params_[i].ptr()) {
         return false;
       }
       const at::Tensor& p = THPVariable_Unpack(item);
       const at::Tensor& g = p.grad();
       const int b = bucket_of_[i];
-      if (p.numel() != numel_[i] || g.defined() != (b >= 0)) {
+      if (g.defined() != (b >= 0)) {
         return false;
       }
       if (b < 0) {
         continue;
       }
       Kept& k = kept_[static_cast<size_t>(b)];
-      if (p.device() != k.device || p.scalar_type() != k.dtype || !p.is_contiguous() ||
-          g.layout() != c10::kStrided || g.device() != k.device || g.scalar_type() != k.dtype ||
-          !g.is_contiguous()) {
+      if (p.device() != k.device || p.scalar_type() != k.dtype ||
+          !p.is_non_overlapping_and_dense() || !common::is_plain_tensor(p) ||
+          g.layout() != c10::kStrided || !common::is_plain_tensor(g) || !launchable(p, g)) {
+        return false;
+      }
+      const size_t at = k.lists[0].size();
+      const size_t steps = k.lists.size() - 1;
+      for (size_t s = 2; s < steps; ++s) {
+        if (!launchable(p, k.lists[s][at])) {
+          return false;
+        }
+      }
+      const at::Tensor& step = k.lists[steps][at];
+      if (step.numel() != 1 || step.scalar_type() != at::kFloat || step.device() != k.device) {
         return false;
       }
       k.lists[0].push_back(p);
@@ -276,66 +299,82 @@ class FusedGroup {
     return true;
   }
 
-  // The checked way to the launch lists: every gradient is checked (and raises) before
-  // any kernel runs; a non-contiguous parameter or gradient goes through a contiguous
-  // copy, copied back into the parameter after the launch. Returns null, with nothing
-  // filled, when the group changed (another parameter list, set of gradients, device or
-  // dtype) and must be gathered anew; otherwise the buckets, for their write-back.
-  c10::optional<std::vector<Group>> fill_checked(const py::list& params_list) {
-    TensorList with_grad;
-    if (!matches(params_list, &with_grad)) {
-      return c10::nullopt;
-    }
-    const TensorList grads = grads_of(with_grad);
-    std::vector<Group> groups = group_by_device_and_dtype(name_.c_str(), with_grad, grads, {});
-    // A parameter moved to another device or dtype (model.to(...)) since: gather anew.
-    if (groups.size() != kept_.size()) {
-      return c10::nullopt;
-    }
-    for (size_t b = 0; b < groups.size(); ++b) {
-      if (groups[b].bucket.device != kept_[b].device || groups[b].bucket.dtype != kept_[b].dtype ||
-          groups[b].index != kept_[b].index) {
-        return c10::nullopt;
-      }
-    }
-    for (size_t b = 0; b < groups.size(); ++b) {
-      kept_[b].lists[0] = groups[b].bucket.params;
-      kept_[b].lists[1] = groups[b].bucket.grads;
-    }
-    return groups;
-  }
-
-  // launch(device, lists) once per bucket; false (nothing done) when the group changed.
-  template <typename Launch>
-  bool run(const py::list& params_list, Launch launch) {
-    ReleaseLaunchLists release{*this};
-    torch::NoGradGuard no_grad;
-    if (fill_unchanged(params_list)) {
-      for (const Kept& k : kept_) {
-        launch(k.device, k.lists);
-      }
-      return true;
-    }
-    release_launch_lists();  // what fill_unchanged filled before it stopped
-    const c10::optional<std::vector<Group>> groups = fill_checked(params_list);
-    if (!groups) {
+  // The checked way to the launch lists: the same checks as lucid::optim's C++
+  // optimizers; tensors of another layout go through copies, written back after the
+  // launch. False, with nothing filled, when the group changed (another parameter list,
+  // set of gradients, device or dtype).
+  bool fill_checked(const py::list& params_list) {
+    const c10::optional<TensorList> with_grad = same_parameters(params_list);
+    if (!with_grad) {
       return false;
     }
-    for (size_t b = 0; b < kept_.size(); ++b) {
-      launch(kept_[b].device, kept_[b].lists);
-      (*groups)[b].bucket.write_back();
+    std::vector<Bucket> buckets =
+        optim::detail::bucket_params(*with_grad, with_grad_index_, group_, name_.c_str());
+    if (buckets.size() != kept_.size()) {
+      return false;  // a parameter moved to another device or dtype (model.to(...))
     }
+    std::vector<std::vector<TensorList>> lists(kept_.size());
+    for (size_t b = 0; b < kept_.size(); ++b) {
+      Bucket& bucket = buckets[b];
+      const Kept& k = kept_[b];
+      if (bucket.device != k.device || bucket.dtype != k.dtype || bucket.index != k.index) {
+        return false;
+      }
+      lists[b] = {bucket.params, bucket.grads};
+      const size_t steps = k.lists.size() - 1;
+      for (size_t s = 2; s < steps; ++s) {
+        TensorList launch_states;
+        for (size_t n = 0; n < k.index.size(); ++n) {
+          launch_states.push_back(
+              bucket.state(n, k.lists[s][n], name_.c_str(), state_names_[s - 2].c_str()));
+        }
+        lists[b].push_back(std::move(launch_states));
+      }
+      for (size_t n = 0; n < k.index.size(); ++n) {
+        optim::detail::check_step_counter(bucket.originals[n], k.lists[steps][n], name_.c_str(),
+                                          group_, k.index[n]);
+      }
+      lists[b].push_back(k.lists[steps]);
+    }
+    checked_buckets_ = std::move(buckets);
+    checked_lists_ = std::move(lists);
     return true;
   }
 
+  // launch(device, lists) once per bucket of what prepare_ took, then releases it.
+  template <typename Launch>
+  void launch(Launch launch_bucket) {
+    Release release{*this};
+    TORCH_CHECK(prepared_, name_, ": a launch without prepare_().");
+    torch::NoGradGuard no_grad;
+    if (checked_lists_.empty()) {
+      for (const Kept& k : kept_) {
+        launch_bucket(k.device, k.lists);
+      }
+      return;
+    }
+    for (size_t b = 0; b < kept_.size(); ++b) {
+      launch_bucket(kept_[b].device, checked_lists_[b]);
+      checked_buckets_[b].write_back();
+    }
+  }
+
   std::string name_;
+  size_t group_;
+  std::vector<std::string> state_names_;
+  DictWatch watch_;
   // The group's parameters as Python objects. Not their tensors, not even weakly:
   // torch.utils.swap_tensors refuses a tensor that anything else references.
   std::vector<py::object> params_;
-  std::vector<int64_t> numel_;  // each parameter's size when built
   // Each parameter's bucket in kept_; -1 for one that had no gradient when built.
   std::vector<int> bucket_of_;
+  std::vector<size_t> with_grad_index_;  // the indices of those that had one
   std::vector<Kept> kept_;
+  // What prepare_ took: kept_'s lists (filled with the parameters and gradients), or
+  // through the checked way, the buckets and their launch lists.
+  bool prepared_ = false;
+  std::vector<Bucket> checked_buckets_;
+  std::vector<std::vector<TensorList>> checked_lists_;
 };
 
 }  // namespace
@@ -345,32 +384,44 @@ void bind_optim(py::module& m) {
                          "One param group's kernel arguments, kept between steps "
                          "(lucid_amp.optim).")
       .def(py::init(torch::wrap_pybind_function(
-               [](std::string name, const py::list& params_list, std::vector<TensorList> states) {
-                 return std::make_unique<FusedGroup>(std::move(name), params_list,
-                                                     std::move(states));
+               [](std::string name, size_t group, const py::list& params_list,
+                  std::vector<TensorList> states, std::vector<std::string> state_names,
+                  const py::list& watched) {
+                 return std::make_unique<FusedGroup>(std::move(name), group, params_list,
+                                                     std::move(states), std::move(state_names),
+                                                     watched);
                })),
-           py::arg("name"), py::arg("params"), py::arg("states"))
+           py::arg("name"), py::arg("group"), py::arg("params"), py::arg("states"),
+           py::arg("state_names"), py::arg("watched"))
+      .def("prepare_",
+           torch::wrap_pybind_function([](FusedGroup& self, const py::list& params) {
+             return self.prepare_(params);
+           }),
+           py::arg("params"),
+           "Takes the group's parameters and gradients for the next launch and checks every "
+           "tensor it will use; false (nothing taken) if its parameters, the set of them "
+           "with a gradient, or a watched state dict changed since it was built.")
       .def("adam_",
            torch::wrap_pybind_function(
-               [](FusedGroup& self, const py::list& params, double lr, double beta1, double beta2,
-                  double eps, double weight_decay, bool amsgrad, bool decoupled_weight_decay,
+               [](FusedGroup& self, double lr, double beta1, double beta2, double eps,
+                  double weight_decay, bool amsgrad, bool decoupled_weight_decay,
                   const c10::optional<at::Tensor>& grad_scale,
                   const c10::optional<at::Tensor>& found_inf) {
-                 return self.adam_(params, lr, beta1, beta2, eps, weight_decay, amsgrad,
-                                   decoupled_weight_decay, grad_scale, found_inf);
+                 self.adam_(lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
+                            grad_scale, found_inf);
                }),
-           "Steps the group with Adam/AdamW; false (nothing done) if its parameters or the "
-           "set of them with a gradient changed since it was built.")
+           "Steps what prepare_ took with Adam/AdamW, then releases it.")
       .def("sgd_",
            torch::wrap_pybind_function(
-               [](FusedGroup& self, const py::list& params, double lr, double momentum,
-                  double dampening, double weight_decay, bool nesterov,
-                  const c10::optional<at::Tensor>& grad_scale,
+               [](FusedGroup& self, double lr, double momentum, double dampening,
+                  double weight_decay, bool nesterov, const c10::optional<at::Tensor>& grad_scale,
                   const c10::optional<at::Tensor>& found_inf) {
-                 return self.sgd_(params, lr, momentum, dampening, weight_decay, nesterov,
-                                  grad_scale, found_inf);
+                 self.sgd_(lr, momentum, dampening, weight_decay, nesterov, grad_scale,
+                           found_inf);
                }),
-           "Steps the group with SGD; false (nothing done) as adam_.");
+           "Steps what prepare_ took with SGD, then releases it.")
+      .def("release_", torch::wrap_pybind_function([](FusedGroup& self) { self.release_(); }),
+           "Drops what prepare_ took without launching.");
 }
 
 }  // namespace python

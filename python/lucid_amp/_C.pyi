@@ -125,38 +125,50 @@ class _FusedGroup:
     """One param group's kernel arguments, kept between steps (lucid_amp.optim)."""
 
     def __init__(
-        self, name: str, params: list[torch.Tensor], states: Sequence[Sequence[torch.Tensor]]
+        self,
+        name: str,
+        group: int,
+        params: list[torch.Tensor],
+        states: Sequence[Sequence[torch.Tensor]],
+        state_names: Sequence[str],
+        watched: list[dict],
     ) -> None:
-        """states: the state lists aligned with the parameters that have a gradient now,
-        the step counters (float32, 0-dim) last."""
+        """group: the param group's index; states: the state lists aligned with the
+        parameters that have a gradient now, named by state_names, the step counters
+        (float32, one element) last; watched: the dicts they were taken from, whose change
+        makes the group stale."""
+    def prepare_(self, params: list[torch.Tensor]) -> bool:
+        """Takes the group's parameters and gradients for the next launch and checks every
+        tensor it will use; false (nothing taken) if its parameters, the set of them with a
+        gradient, or a watched state dict changed since it was built."""
     def adam_(
         self,
-        arg0: list[torch.Tensor],
-        arg1: float,
-        arg2: float,
-        arg3: float,
-        arg4: float,
-        arg5: float,
-        arg6: bool,
-        arg7: bool,
-        arg8: torch.Tensor | None,
-        arg9: torch.Tensor | None,
-        /,
-    ) -> bool:
-        """(params, lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
-        grad_scale, found_inf): steps the group with Adam/AdamW; false (nothing done) if
-        its parameters or the set of them with a gradient changed since it was built."""
-    def sgd_(
-        self,
-        arg0: list[torch.Tensor],
+        arg0: float,
         arg1: float,
         arg2: float,
         arg3: float,
         arg4: float,
         arg5: bool,
-        arg6: torch.Tensor | None,
+        arg6: bool,
         arg7: torch.Tensor | None,
+        arg8: torch.Tensor | None,
         /,
-    ) -> bool:
-        """(params, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
-        found_inf): steps the group with SGD; false (nothing done) as adam_."""
+    ) -> None:
+        """(lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
+        grad_scale, found_inf): steps what prepare_ took with Adam/AdamW, then releases
+        it."""
+    def sgd_(
+        self,
+        arg0: float,
+        arg1: float,
+        arg2: float,
+        arg3: float,
+        arg4: bool,
+        arg5: torch.Tensor | None,
+        arg6: torch.Tensor | None,
+        /,
+    ) -> None:
+        """(lr, momentum, dampening, weight_decay, nesterov, grad_scale, found_inf): steps
+        what prepare_ took with SGD, then releases it."""
+    def release_(self) -> None:
+        """Drops what prepare_ took without launching."""

@@ -92,31 +92,33 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
-  detail::for_each_bucket<FusedAdamOptions>(
-      param_groups_, decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam", check_options,
-      [&](const FusedAdamOptions& o, const detail::Bucket& bucket) {
+  const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
+  detail::step_buckets<FusedAdamOptions>(
+      param_groups_, name, check_options, [&](const FusedAdamOptions& o, detail::Bucket& bucket) {
         detail::AdamHyper hyper{
             o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
             o.amsgrad(), decoupled_weight_decay_};
         hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), 0.0);
         std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
-        for (const at::Tensor& p : bucket.originals) {
+        for (size_t k = 0; k < bucket.originals.size(); ++k) {
+          const at::Tensor& p = bucket.originals[k];
           auto& s =
               detail::param_state<FusedAdamParamState>(state_, p, [&](FusedAdamParamState& fresh) {
-                fresh.exp_avg(at::zeros(p.sizes(), p.options()));
-                fresh.exp_avg_sq(at::zeros(p.sizes(), p.options()));
+                fresh.exp_avg(at::zeros_like(p));
+                fresh.exp_avg_sq(at::zeros_like(p));
               });
           if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
-            s.max_exp_avg_sq(at::zeros(p.sizes(), p.options()));
+            s.max_exp_avg_sq(at::zeros_like(p));
           }
-          s.exp_avg(detail::on_device(s.exp_avg(), p.device()).contiguous());
-          s.exp_avg_sq(detail::on_device(s.exp_avg_sq(), p.device()).contiguous());
-          exp_avg.push_back(s.exp_avg());
-          exp_avg_sq.push_back(s.exp_avg_sq());
+          s.exp_avg(detail::on_device(s.exp_avg(), p.device()));
+          s.exp_avg_sq(detail::on_device(s.exp_avg_sq(), p.device()));
+          exp_avg.push_back(bucket.state(k, s.exp_avg(), name, "exp_avg"));
+          exp_avg_sq.push_back(bucket.state(k, s.exp_avg_sq(), name, "exp_avg_sq"));
           if (o.amsgrad()) {
-            s.max_exp_avg_sq(detail::on_device(s.max_exp_avg_sq(), p.device()).contiguous());
-            max_exp_avg_sq.push_back(s.max_exp_avg_sq());
+            s.max_exp_avg_sq(detail::on_device(s.max_exp_avg_sq(), p.device()));
+            max_exp_avg_sq.push_back(bucket.state(k, s.max_exp_avg_sq(), name, "max_exp_avg_sq"));
           }
+          detail::check_step_counter(p, s.step(), name, bucket.group, bucket.index[k]);
           steps.push_back(s.step());
         }
         const int steps_list =
@@ -130,7 +132,9 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
           lists[detail::AdamList::kMaxExpAvgSq] = std::move(max_exp_avg_sq);
         }
         lists[steps_list] = std::move(steps);
-        detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+        return [&bucket, &scaling, hyper, lists = std::move(lists)] {
+          detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+        };
       });
   return loss;
 }

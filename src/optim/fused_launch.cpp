@@ -10,58 +10,115 @@ namespace lucid {
 namespace optim {
 namespace detail {
 
+void check_like_param(const at::Tensor& param, const at::Tensor& t, const char* optimizer,
+                      const char* what, size_t group, size_t index) {
+  TORCH_CHECK(t.defined(), optimizer, ": the ", what, " of parameter ", index, " of param group ",
+              group, " is missing.");
+  common::check_plain_tensor(t, optimizer, "the ", what, " of parameter ", index,
+                             " of param group ", group);
+  TORCH_CHECK(t.layout() == c10::kStrided && t.sizes() == param.sizes() &&
+                  t.scalar_type() == param.scalar_type() && t.device() == param.device(),
+              optimizer, ": the ", what, " of parameter ", index, " of param group ", group,
+              " is a ", t.scalar_type(), " tensor of sizes ", t.sizes(), " on ", t.device(),
+              ", but the parameter is a ", param.scalar_type(), " tensor of sizes ",
+              param.sizes(), " on ", param.device(),
+              ". Resize or replace a parameter together with its gradient and state (or "
+              "delete its state); nothing was changed.");
+}
+
+void check_step_counter(const at::Tensor& param, const at::Tensor& t, const char* optimizer,
+                        size_t group, size_t index) {
+  TORCH_CHECK(t.defined() && t.numel() == 1 && t.scalar_type() == at::kFloat &&
+                  t.device() == param.device(),
+              optimizer, ": the step counter of parameter ", index, " of param group ", group,
+              " must be one float32 element on ", param.device(), "; it is ",
+              t.defined() ? t.toString() : std::string("missing"), " of sizes ",
+              t.defined() ? t.sizes() : c10::IntArrayRef{}, ". Nothing was changed.");
+}
+
+at::Tensor Bucket::state(size_t k, const at::Tensor& t, const char* optimizer, const char* what) {
+  const at::Tensor& p = params[k];
+  if (t.defined() && t.layout() == c10::kStrided && launchable(p, t)) {
+    return t;
+  }
+  check_like_param(originals[k], t, optimizer, what, group, index[k]);
+  at::Tensor copy = at::empty_like(p).copy_(t);
+  copies.emplace_back(t, copy);
+  return copy;
+}
+
 void Bucket::write_back() const {
   for (size_t i = 0; i < originals.size(); ++i) {
     if (!originals[i].is_same(params[i])) {
       originals[i].copy_(params[i]);
     }
   }
+  for (const auto& [tensor, copy] : copies) {
+    tensor.copy_(copy);
+  }
 }
 
-std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
-                                 const char* optimizer_name) {
-  std::vector<Bucket> buckets;
-  const auto& params = group.params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
+std::vector<Bucket> bucket_params(const std::vector<at::Tensor>& params,
+                                  const std::vector<size_t>& index, size_t group,
+                                  const char* optimizer_name) {
+  TORCH_INTERNAL_ASSERT(index.size() == params.size());
+  for (size_t n = 0; n < params.size(); ++n) {
+    const at::Tensor& p = params[n];
     const at::Tensor& g = p.grad();
-    if (!g.defined()) {
-      continue;
-    }
-    common::check_plain_tensor(p, optimizer_name, "parameter ", i);
-    common::check_plain_tensor(g, optimizer_name, "the gradient of parameter ", i);
+    const size_t i = index[n];
+    common::check_plain_tensor(p, optimizer_name, "parameter ", i, " of param group ", group);
+    TORCH_CHECK(g.defined(), optimizer_name, ": parameter ", i, " of param group ", group,
+                " has no gradient.");
+    common::check_plain_tensor(g, optimizer_name, "the gradient of parameter ", i,
+                               " of param group ", group);
     TORCH_CHECK_NOT_IMPLEMENTED(!g.is_sparse(), optimizer_name,
                                 " does not support sparse gradients (parameter ", i,
-                                "); use torch::optim::SGD or Adam for sparse parameters.");
+                                " of param group ", group,
+                                "); use torch.optim's SGD or Adam for sparse parameters.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, optimizer_name,
-        " updates float32 and float64 parameters; parameter ", i, " is ", p.scalar_type(),
+        " updates float32 and float64 parameters; parameter ", i, " of param group ", group,
+        " is ", p.scalar_type(),
         ". Keep master weights in float32 and let autocast run the forward pass.");
-    TORCH_CHECK(g.scalar_type() == p.scalar_type(), optimizer_name, ": parameter ", i, " is ",
-                p.scalar_type(), " but its gradient is ", g.scalar_type(), ".");
-    TORCH_CHECK(g.device() == p.device(), optimizer_name, ": parameter ", i, " is on ",
-                p.device(), " but its gradient is on ", g.device(), ".");
     TORCH_CHECK_NOT_IMPLEMENTED(p.is_cpu() || p.is_cuda(), optimizer_name,
-                                " runs on CPU and CUDA; parameter ", i, " is on ", p.device(),
-                                ". Use the torch::optim optimizer there.");
+                                " runs on CPU and CUDA; parameter ", i, " of param group ",
+                                group, " is on ", p.device(),
+                                ". Use the torch.optim optimizer there.");
+    check_like_param(p, g, optimizer_name, "gradient", group, i);
   }
-  for (const at::Tensor& p : params) {
-    const at::Tensor& g = p.grad();
-    if (!g.defined()) {
-      continue;
-    }
+  std::vector<Bucket> buckets;
+  for (size_t n = 0; n < params.size(); ++n) {
+    const at::Tensor& p = params[n];
     auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
       return b.device == p.device() && b.dtype == p.scalar_type();
     });
     if (it == buckets.end()) {
-      buckets.push_back({p.device(), p.scalar_type(), {}, {}, {}});
+      buckets.push_back(Bucket{p.device(), p.scalar_type(), group, {}, {}, {}, {}, {}, {}});
       it = std::prev(buckets.end());
     }
+    const at::Tensor launch = p.is_non_overlapping_and_dense() ? p : p.contiguous();
+    const at::Tensor& g = p.grad();
+    it->index.push_back(index[n]);
+    it->position.push_back(n);
     it->originals.push_back(p);
-    it->params.push_back(p.is_contiguous() ? p : p.contiguous());
-    it->grads.push_back(g.is_contiguous() ? g : g.contiguous());
+    it->params.push_back(launch);
+    it->grads.push_back(launchable(launch, g) ? g : at::empty_like(launch).copy_(g));
   }
   return buckets;
+}
+
+std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
+                                 size_t group_index, const char* optimizer_name) {
+  std::vector<at::Tensor> with_grad;
+  std::vector<size_t> index;
+  const auto& params = group.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) {
+      with_grad.push_back(params[i]);
+      index.push_back(i);
+    }
+  }
+  return bucket_params(with_grad, index, group_index, optimizer_name);
 }
 
 namespace {

@@ -85,23 +85,25 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
-  detail::for_each_bucket<FusedSGDOptions>(
+  detail::step_buckets<FusedSGDOptions>(
       param_groups_, "FusedSGD", check_options,
-      [&](const FusedSGDOptions& o, const detail::Bucket& bucket) {
+      [&](const FusedSGDOptions& o, detail::Bucket& bucket) {
         detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
         hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), o.momentum());
         const bool momentum = o.momentum() != 0;
         std::vector<at::Tensor> buffers, steps;
-        for (const at::Tensor& p : bucket.originals) {
+        for (size_t k = 0; k < bucket.originals.size(); ++k) {
+          const at::Tensor& p = bucket.originals[k];
           auto& s = detail::param_state<FusedSGDParamState>(state_, p, [](FusedSGDParamState&) {});
           if (momentum) {
             // The kernel fills it from the first gradient (step counter 0).
             if (!s.momentum_buffer().defined()) {
-              s.momentum_buffer(at::zeros(p.sizes(), p.options()));
+              s.momentum_buffer(at::zeros_like(p));
             }
-            s.momentum_buffer(detail::on_device(s.momentum_buffer(), p.device()).contiguous());
-            buffers.push_back(s.momentum_buffer());
+            s.momentum_buffer(detail::on_device(s.momentum_buffer(), p.device()));
+            buffers.push_back(bucket.state(k, s.momentum_buffer(), "FusedSGD", "momentum_buffer"));
           }
+          detail::check_step_counter(p, s.step(), "FusedSGD", bucket.group, bucket.index[k]);
           steps.push_back(s.step());
         }
         const int steps_list = momentum ? detail::SgdList::kStepsMomentum : detail::SgdList::kSteps;
@@ -112,7 +114,9 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
           lists[detail::SgdList::kMomentumBuffer] = std::move(buffers);
         }
         lists[steps_list] = std::move(steps);
-        detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+        return [&bucket, &scaling, hyper, lists = std::move(lists)] {
+          detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
+        };
       });
   return loss;
 }

@@ -197,7 +197,7 @@ def test_a_loaded_state_of_the_wrong_size_raises_instead_of_being_walked_past_it
     state["state"][0]["exp_avg"] = torch.zeros(3)  # load_state_dict checks no sizes
     opt.load_state_dict(state)
     before = p.detach().clone()
-    with pytest.raises(RuntimeError, match="4 elements has 3"):
+    with pytest.raises(RuntimeError, match=r"exp_avg of parameter 0 of param group 0 .* sizes \[3\]"):
         opt.step()
     assert torch.equal(p.detach(), before)
 
@@ -300,7 +300,9 @@ def test_kept_state_lists_follow_every_change_of_the_group(case):
     # every parameter moved to float64 in place (model.to keeps the Parameter objects)
     for m in (a, b):
         m.to(torch.float64)
-    for st in opt_b.state.values():  # torch.optim leaves its state as it is: move it by hand
+    # torch.optim leaves its state as it is, and its next update would fail on it, as the
+    # fused one's does: move it by hand
+    for st in list(opt_a.state.values()) + list(opt_b.state.values()):
         for key, value in st.items():
             if torch.is_tensor(value) and key != "step":
                 st[key] = value.double()
@@ -339,3 +341,143 @@ def test_a_scaler_aware_step_is_reported_when_asked_before_or_after_update():
         report = scaler.last_overflow()
         assert [(g.name, g.nan_count) for g in report.gradients] == [("2.bias", 1)]
         assert report.iteration == 2 and report.scale == 2.0**10
+
+
+# ---- tensors changed in place or replaced between steps ----------------------------------
+# The rule: where torch.optim's step succeeds, the fused one gives the same parameters and
+# state; where torch.optim's step raises, the fused one raises before anything is written.
+# Each change is made alike to a fused optimizer and to its torch.optim counterpart after
+# two steady steps (the kept kernel arguments are in use by then).
+
+def _grad_sized(p):
+    return torch.ones_like(p)
+
+
+CHANGES = {
+    # inconsistent: torch.optim raises
+    "grad set_ to 2 elements": lambda opt, p: p.grad.set_(torch.ones(2)),
+    "grad resized in place": lambda opt, p: p.grad.resize_(3),
+    "state set_ to 2 elements": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(torch.zeros(2)),
+    "state replaced by another size": lambda opt, p: opt.state[p].__setitem__(
+        _first_buffer(opt), torch.zeros(3)),
+    "state replaced by float64": lambda opt, p: opt.state[p].__setitem__(
+        _first_buffer(opt), torch.zeros_like(p, dtype=torch.float64)),
+    "p.data reshaped, state kept": lambda opt, p: _reshape(p),
+    # consistent: torch.optim proceeds
+    "state replaced by a same-sized tensor": lambda opt, p: opt.state[p].__setitem__(
+        _first_buffer(opt), torch.full_like(p, 0.25)),
+    "state set_ to new storage of the same size": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(
+        torch.full_like(p, 0.5)),
+    "state deleted": lambda opt, p: opt.state.pop(p),
+    "p.data reshaped, state deleted": lambda opt, p: (_reshape(p), opt.state.pop(p)),
+    "grad replaced by a transposed layout": lambda opt, p: setattr(
+        p, "grad", p.grad.t().contiguous().t()) if p.dim() == 2 else None,
+}
+
+
+# Deliberately stricter than torch.optim (docs/behaviour.md): torch.optim.SGD updates a
+# float64 momentum buffer of a float32 parameter (torch.optim.Adam refuses such an
+# exp_avg); the fused kernels keep every state in its parameter's dtype and refuse both.
+STRICTER = {("sgd-momentum", "state replaced by float64")}
+
+
+def _first_buffer(opt):
+    return "momentum_buffer" if isinstance(opt, (FusedSGD, torch.optim.SGD)) else "exp_avg"
+
+
+def _reshape(p):
+    p.data = p.data.reshape(-1)[:6].clone().reshape(2, 3)
+    p.grad = torch.ones(2, 3)
+
+
+def _outcome(fn):
+    try:
+        fn()
+        return None
+    except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+        return err
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("case", ["adamw", "adam-amsgrad", "sgd-momentum"])
+def test_a_tensor_changed_between_steps_is_stepped_or_refused_as_torch_optim_does(case, change):
+    fused_cls, torch_cls, kwargs = CASES[case]
+    worlds = []
+    for cls in (fused_cls, torch_cls):
+        torch.manual_seed(5)
+        params = [torch.nn.Parameter(torch.randn(28, 28)), torch.nn.Parameter(torch.randn(5))]
+        opt = cls(params, **kwargs)
+        for _ in range(2):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            opt.step()
+        for p in params:
+            p.grad = torch.randn_like(p) if p.dim() == 1 else torch.full_like(p, 0.5)
+        CHANGES[change](opt, params[0])
+        before = [p.detach().clone() for p in params]
+        worlds.append((opt, params, before, _outcome(opt.step)))
+    (opt, params, before, err), (ref, ref_params, _, ref_err) = worlds
+    if (case, change) in STRICTER:
+        assert err is not None and ref_err is None, f"fused: {err!r}; torch.optim: {ref_err!r}"
+    else:
+        assert (err is None) == (ref_err is None), f"fused: {err!r}; torch.optim: {ref_err!r}"
+    if err is not None:
+        assert "parameter 0 of param group 0" in str(err), str(err)
+        for p, b in zip(params, before):
+            assert torch.equal(p.detach(), b), "a refused step wrote a parameter"
+        return
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p.detach(), q.detach(), **TOL)
+    for p, q in zip(params, ref_params):
+        for key, value in ref.state[q].items():
+            if torch.is_tensor(value) and key != "step":
+                torch.testing.assert_close(opt.state[p][key], value, **TOL)
+    # and the group keeps stepping alike
+    for world in ((opt, params), (ref, ref_params)):
+        for p in world[1]:
+            p.grad = torch.ones_like(p)
+        world[0].step()
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p.detach(), q.detach(), **TOL)
+
+
+def test_a_wrong_gradient_before_the_first_step_raises_instead_of_writing_past_its_end():
+    p = torch.nn.Parameter(torch.zeros(784))
+    for cls in (FusedSGD, torch.optim.SGD):
+        opt = cls([p], lr=0.1)
+        p.grad = torch.zeros(784)
+        p.grad.set_(torch.ones(2))
+        with pytest.raises(RuntimeError):
+            opt.step()
+        assert torch.equal(p.detach(), torch.zeros(784))
+
+
+def test_an_error_in_a_later_param_group_leaves_the_earlier_ones_unwritten():
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    opt = FusedAdamW([{"params": [a]}, {"params": [b]}], lr=0.1)
+    for _ in range(2):
+        a.grad, b.grad = torch.ones(4), torch.ones(3)
+        opt.step()
+    before = a.detach().clone()
+    opt.state[b]["exp_avg_sq"].set_(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="exp_avg_sq of parameter 0 of param group 1"):
+        opt.step()
+    assert torch.equal(a.detach(), before)
+
+
+@pytest.mark.parametrize("case", ["adamw", "sgd-momentum"])
+def test_channels_last_parameters_keep_their_layout_and_match_torch_optim(case):
+    fused_cls, torch_cls, kwargs = CASES[case]
+    torch.manual_seed(2)
+    w = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+    a, b = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    opt_a, opt_b = fused_cls([a], **kwargs), torch_cls([b], **kwargs)
+    for _ in range(5):
+        g = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+    torch.testing.assert_close(a.detach(), b.detach(), **TOL)
+    buffer = _first_buffer(opt_a)
+    assert opt_a.state[a][buffer].is_contiguous(memory_format=torch.channels_last)
+    assert a.is_contiguous(memory_format=torch.channels_last)

@@ -29,26 +29,28 @@ def _take_scaling(optimizer) -> Tuple[Optional[torch.Tensor], Optional[torch.Ten
 
 def _step_counter(state: dict, param: torch.Tensor, initial: float = 0.0) -> torch.Tensor:
     """state["step"] as the kernels keep it: a float32 0-dim tensor on the parameter's
-    device (a torch.optim state may hold it on the CPU, or as a number)."""
+    device (a torch.optim state may hold it on the CPU, or as a number). The entry is
+    written only when it changes: the kernel arguments are gathered anew after any write."""
     step = state.get("step")
     if step is None:
         step = torch.full((), initial, dtype=torch.float32, device=param.device)
     elif not isinstance(step, torch.Tensor):
         step = torch.tensor(float(step), dtype=torch.float32, device=param.device)
-    elif step.dtype != torch.float32 or step.device != param.device or step.dim() != 0:
+    elif (step.dtype != torch.float32 or step.device != param.device or step.dim() != 0) and step.numel() == 1:
         step = step.detach().reshape(()).to(device=param.device, dtype=torch.float32)
-    state["step"] = step
+    if state.get("step") is not step:
+        state["step"] = step
     return step
 
 
 def _buffer(state: dict, key: str, param: torch.Tensor) -> torch.Tensor:
-    """state[key], made (zeros) on first use, contiguous, on the parameter's device and dtype."""
+    """state[key], made (zeros laid out as the parameter) on first use. One that exists is
+    used as it is: the kernels refuse another size, dtype or device (torch.optim's update
+    fails there too), and work on another layout through a copy."""
     buf = state.get(key)
     if buf is None:
-        buf = torch.zeros_like(param, memory_format=torch.contiguous_format)
-    elif buf.device != param.device or buf.dtype != param.dtype or not buf.is_contiguous():
-        buf = buf.to(device=param.device, dtype=param.dtype).contiguous()
-    state[key] = buf
+        buf = torch.zeros_like(param)
+        state[key] = buf
     return buf
 
 
@@ -66,21 +68,41 @@ class _CachedListsMixin:
     The state tensors are looked up (and made, or moved to the parameter's device and
     dtype) when a group is first stepped, and kept: a step reads only the gradients again.
     They are gathered anew when the group's parameters, the set of them that have a
-    gradient, their devices or dtypes, or an option that picks the buffers (``amsgrad``, a
-    zero or non-zero ``momentum``) change, and after load_state_dict, add_param_group or a
-    new ``optimizer.state``. So state is changed in place (``state["exp_avg"].zero_()``); a
-    state entry replaced by assignment is picked up at the next load_state_dict.
+    gradient, their devices or dtypes, an option that picks the buffers (``amsgrad``, a
+    zero or non-zero ``momentum``), ``optimizer.state`` or a parameter's state dict (an
+    entry replaced, added or deleted) change, and after load_state_dict or
+    add_param_group. A tensor changed in place (``set_``, ``resize_``, ``p.data = x``) is
+    seen by the kernel entry's own checks at every step: where torch.optim's update would
+    fail (a gradient or state of another size, dtype or device), the step raises before
+    anything is written.
     """
 
-    def _step_group(self, index, group, layout, gather, launch):
-        """Runs ``launch(fused_group)`` for the index-th param group, with the kept
-        _FusedGroup, gathered anew (``gather(params)``: the state lists of the parameters
-        that have a gradient, step counters last) when ``launch`` reports it stale."""
+    def _step_groups(self, layout_of, gather, launch):
+        """One step of every param group: each group's kept _FusedGroup takes and checks
+        its tensors (``prepare_``), gathered anew (``gather(group, params)``: the names
+        and the state lists of the parameters that have a gradient, step counters last)
+        when it reports itself stale; then ``launch(fused, group)`` runs for each. Every
+        group is checked before the first launch, so an error leaves all as they were."""
         cache = self.__dict__.setdefault("_lucid_groups", {})
+        prepared = []
+        try:
+            for index, group in enumerate(self.param_groups):
+                fused = self._prepared_group(cache, index, group, layout_of(group), gather)
+                if fused is not None:
+                    prepared.append((fused, group))
+            for fused, group in prepared:
+                launch(fused, group)
+        finally:
+            for fused, _ in prepared:
+                fused.release_()
+
+    def _prepared_group(self, cache, index, group, layout, gather):
+        """The index-th group's _FusedGroup with its tensors taken, or None when no
+        parameter of the group has a gradient."""
         entry = cache.get(index)
-        if entry is not None and entry[0] is self.state and entry[1] == layout and launch(entry[2]):
-            return
         params_list = group["params"]
+        if entry is not None and entry[0] is self.state and entry[1] == layout and entry[2].prepare_(params_list):
+            return entry[2]
         params = [p for p in params_list if p.grad is not None]
         for i, p in enumerate(params):
             if p.grad.is_sparse:
@@ -89,11 +111,14 @@ class _CachedListsMixin:
                     f"{i}); use torch.optim's optimizer")
         if not params:
             cache.pop(index, None)
-            return
-        fused = _C._FusedGroup(type(self).__name__, params_list, gather(params))
+            return None
+        names, states = gather(group, params)
+        watched = [self.state] + [self.state[p] for p in params]
+        fused = _C._FusedGroup(type(self).__name__, index, params_list, states, names, watched)
         cache[index] = (self.state, layout, fused)
-        if not launch(fused):
+        if not fused.prepare_(params_list):
             raise RuntimeError(f"{type(self).__name__}: the parameters changed during step()")
+        return fused
 
     def _forget_lists(self):
         self.__dict__.pop("_lucid_groups", None)
@@ -159,21 +184,23 @@ class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
         loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
         decoupled = self._decoupled_weight_decay
-        for index, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             _refuse_maximize(self, group)
-            amsgrad = bool(group["amsgrad"])
+
+        def launch(fused, group):
             beta1, beta2 = group["betas"]
-            hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                     float(group["weight_decay"]), amsgrad, decoupled, grad_scale, found_inf)
-            params_list = group["params"]
-            self._step_group(index, group, amsgrad,
-                             lambda params: self._state_lists(params, amsgrad),
-                             lambda fused: fused.adam_(params_list, *hyper))
+            fused.adam_(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                        float(group["weight_decay"]), bool(group["amsgrad"]), decoupled,
+                        grad_scale, found_inf)
+
+        self._step_groups(lambda group: bool(group["amsgrad"]),
+                          lambda group, params: self._state_lists(params, bool(group["amsgrad"])),
+                          launch)
         return loss
 
     def _state_lists(self, params, amsgrad):
         """exp_avg, exp_avg_sq, max_exp_avg_sq (with amsgrad) and the step counters of
-        ``params`` in the kernel's order, made on first use."""
+        ``params`` in the kernel's order, made on first use: (names, lists)."""
         exp_avg, exp_avg_sq, max_exp_avg_sq, steps = [], [], [], []
         for p in params:
             state = self.state[p]
@@ -183,8 +210,8 @@ class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
             if amsgrad:
                 max_exp_avg_sq.append(_buffer(state, "max_exp_avg_sq", p))
         if amsgrad:
-            return [exp_avg, exp_avg_sq, max_exp_avg_sq, steps]
-        return [exp_avg, exp_avg_sq, steps]
+            return ["exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"], [exp_avg, exp_avg_sq, max_exp_avg_sq, steps]
+        return ["exp_avg", "exp_avg_sq", "step"], [exp_avg, exp_avg_sq, steps]
 
 
 class FusedAdamW(FusedAdam):
@@ -238,20 +265,21 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
         """One update of every parameter with a gradient; a closure is evaluated first."""
         loss = _run_closure(closure)
         grad_scale, found_inf = _take_scaling(self)
-        for index, group in enumerate(self.param_groups):
+        for group in self.param_groups:
             _refuse_maximize(self, group)
-            momentum = group["momentum"] != 0
-            hyper = (float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
-                     float(group["weight_decay"]), bool(group["nesterov"]), grad_scale, found_inf)
-            params_list = group["params"]
-            self._step_group(index, group, momentum,
-                             lambda params: self._state_lists(params, momentum),
-                             lambda fused: fused.sgd_(params_list, *hyper))
+
+        def launch(fused, group):
+            fused.sgd_(float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
+                       float(group["weight_decay"]), bool(group["nesterov"]), grad_scale, found_inf)
+
+        self._step_groups(lambda group: group["momentum"] != 0,
+                          lambda group, params: self._state_lists(params, group["momentum"] != 0),
+                          launch)
         return loss
 
     def _state_lists(self, params, momentum):
         """The momentum buffers (with momentum) and the step counters of ``params``, made
-        on first use."""
+        on first use: (names, lists)."""
         buffers, steps = [], []
         for p in params:
             state = self.state[p]
@@ -262,4 +290,6 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
                 buffers.append(_buffer(state, "momentum_buffer", p))
             elif "momentum_buffer" not in state:
                 state["momentum_buffer"] = None  # as torch.optim.SGD keeps it
-        return [buffers, steps] if momentum else [steps]
+        if momentum:
+            return ["momentum_buffer", "step"], [buffers, steps]
+        return ["step"], [steps]
