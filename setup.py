@@ -189,6 +189,9 @@ def _extension():
         if not os.path.isfile(prebuilt):
             raise FileNotFoundError(f"LUCID_AMP_PREBUILT_LIBRARY: no such file {prebuilt}")
         kwargs["extra_objects"] = [os.path.abspath(prebuilt)]
+        # build_ext relinks when a source or a dependency is newer than the extension;
+        # extra objects are neither, so a rebuilt library is named here.
+        kwargs["depends"] = [os.path.abspath(prebuilt)]
         # The static library links zlib privately (its archive check): the extension that
         # takes it in links the runtime library, by its soname (machines without zlib's
         # development files have no plain libz.so).
