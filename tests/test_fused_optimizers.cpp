@@ -303,6 +303,93 @@ TEST(FusedOptimizers, UnsupportedGradientsAreRefusedBeforeAnythingChanges) {
   EXPECT_THROW(sgd.step(), c10::NotImplementedError);
 }
 
+// NOTE: [Launch layout]: a gradient or state that no longer matches its parameter (resized
+// or replaced in place since the last step, another dtype) is refused, named, before any
+// parameter of any group is written, where torch::optim's update fails too.
+TEST(FusedOptimizers, TensorsThatNoLongerMatchTheirParameterAreRefusedBeforeAnyWrite) {
+  using Change = std::function<void(torch::optim::Optimizer&, torch::Tensor&)>;
+  auto adam_state = [](torch::optim::Optimizer& o, const torch::Tensor& p) -> FusedAdamParamState& {
+    return static_cast<FusedAdamParamState&>(*o.state().at(p.unsafeGetTensorImpl()));
+  };
+  auto sgd_state = [](torch::optim::Optimizer& o, const torch::Tensor& p) -> FusedSGDParamState& {
+    return static_cast<FusedSGDParamState&>(*o.state().at(p.unsafeGetTensorImpl()));
+  };
+  const std::vector<std::tuple<const char*, bool, Change, const char*>> cases = {
+      {"gradient set_ to 2 elements", true,
+       [](torch::optim::Optimizer&, torch::Tensor& p) { p.mutable_grad().set_(torch::ones({2})); },
+       "the gradient of parameter 0 of param group 1"},
+      {"exp_avg replaced by float64", true,
+       [&](torch::optim::Optimizer& o, torch::Tensor& p) {
+         adam_state(o, p).exp_avg(torch::zeros_like(p, torch::kDouble));
+       },
+       "the exp_avg of parameter 0 of param group 1"},
+      {"exp_avg_sq resized in place", true,
+       [&](torch::optim::Optimizer& o, torch::Tensor& p) { adam_state(o, p).exp_avg_sq().resize_({3}); },
+       "the exp_avg_sq of parameter 0 of param group 1"},
+      {"step counter set_ to no element", true,
+       [&](torch::optim::Optimizer& o, torch::Tensor& p) {
+         adam_state(o, p).step().set_(torch::zeros({0}));
+       },
+       "the step counter of parameter 0 of param group 1"},
+      {"momentum_buffer set_ to 2 elements", false,
+       [&](torch::optim::Optimizer& o, torch::Tensor& p) {
+         sgd_state(o, p).momentum_buffer().set_(torch::zeros({2}));
+       },
+       "the momentum_buffer of parameter 0 of param group 1"},
+  };
+  for (const auto& [name, adam, change, message] : cases) {
+    auto a = torch::zeros({28, 28}).requires_grad_(true);
+    auto b = torch::zeros({784}).requires_grad_(true);
+    std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup({a}),
+                                                             torch::optim::OptimizerParamGroup({b})};
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (adam) {
+      opt = std::make_unique<FusedAdamW>(groups, FusedAdamWOptions(0.1));
+    } else {
+      opt = std::make_unique<FusedSGD>(groups, FusedSGDOptions(0.1).momentum(0.9));
+    }
+    for (int i = 0; i < 2; ++i) {
+      a.mutable_grad() = torch::ones_like(a);
+      b.mutable_grad() = torch::ones_like(b);
+      opt->step();
+    }
+    const auto a_before = a.detach().clone(), b_before = b.detach().clone();
+    change(*opt, b);
+    EXPECT_TRUE(ThrowsError(message, [&] { opt->step(); })) << name;
+    EXPECT_TRUE(torch::equal(a.detach(), a_before)) << name << ": group 0 was written";
+    EXPECT_TRUE(torch::equal(b.detach(), b_before)) << name;
+  }
+}
+
+// Channels-last parameters step in place, their state made in the same layout; a state
+// of another layout (loaded, or made contiguous by hand) goes through a copy that is
+// written back into it. Both match torch::optim.
+TEST(FusedOptimizers, ChannelsLastParametersKeepTheirLayoutAndMatchTorch) {
+  torch::manual_seed(4);
+  const auto w = torch::randn({4, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+  auto a = w.clone().requires_grad_(true), b = w.clone().requires_grad_(true);
+  FusedAdamW fused({a}, FusedAdamWOptions(1e-2));
+  torch::optim::AdamW ref({b}, torch::optim::AdamWOptions(1e-2));
+  for (int i = 0; i < 6; ++i) {
+    const auto g = torch::randn({4, 3, 5, 5}).contiguous(torch::MemoryFormat::ChannelsLast);
+    a.mutable_grad() = g.clone();
+    b.mutable_grad() = g.clone();
+    fused.step();
+    ref.step();
+    auto& state = static_cast<FusedAdamParamState&>(*fused.state().at(a.unsafeGetTensorImpl()));
+    if (i == 0) {
+      EXPECT_TRUE(state.exp_avg().is_contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    if (i == 2) {
+      state.exp_avg_sq(state.exp_avg_sq().contiguous());  // another layout from here on
+    }
+    EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6)) << "step " << i;
+  }
+  EXPECT_TRUE(a.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  auto& state = static_cast<FusedAdamParamState&>(*fused.state().at(a.unsafeGetTensorImpl()));
+  EXPECT_TRUE(state.exp_avg_sq().is_contiguous()) << "the state keeps its own layout";
+}
+
 TEST(FusedOptimizers, ClosureIsEvaluatedAndItsLossReturned) {
   auto p = make_params(torch::kFloat, 11);
   FusedSGD sgd(p, FusedSGDOptions(0.1));

@@ -355,22 +355,22 @@ def _grad_sized(p):
 
 CHANGES = {
     # inconsistent: torch.optim raises
-    "grad set_ to 2 elements": lambda opt, p: p.grad.set_(torch.ones(2)),
-    "grad resized in place": lambda opt, p: p.grad.resize_(3),
-    "state set_ to 2 elements": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(torch.zeros(2)),
-    "state replaced by another size": lambda opt, p: opt.state[p].__setitem__(
+    "grad-set-to-2-elements": lambda opt, p: p.grad.set_(torch.ones(2)),
+    "grad-resized-in-place": lambda opt, p: p.grad.resize_(3),
+    "state-set-to-2-elements": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(torch.zeros(2)),
+    "state-replaced-by-another-size": lambda opt, p: opt.state[p].__setitem__(
         _first_buffer(opt), torch.zeros(3)),
-    "state replaced by float64": lambda opt, p: opt.state[p].__setitem__(
+    "state-replaced-by-float64": lambda opt, p: opt.state[p].__setitem__(
         _first_buffer(opt), torch.zeros_like(p, dtype=torch.float64)),
-    "p.data reshaped, state kept": lambda opt, p: _reshape(p),
+    "data-reshaped-state-kept": lambda opt, p: _reshape(p),
     # consistent: torch.optim proceeds
-    "state replaced by a same-sized tensor": lambda opt, p: opt.state[p].__setitem__(
+    "state-replaced-by-a-same-sized-tensor": lambda opt, p: opt.state[p].__setitem__(
         _first_buffer(opt), torch.full_like(p, 0.25)),
-    "state set_ to new storage of the same size": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(
+    "state-set-to-new-storage-of-the-same-size": lambda opt, p: opt.state[p][_first_buffer(opt)].set_(
         torch.full_like(p, 0.5)),
-    "state deleted": lambda opt, p: opt.state.pop(p),
-    "p.data reshaped, state deleted": lambda opt, p: (_reshape(p), opt.state.pop(p)),
-    "grad replaced by a transposed layout": lambda opt, p: setattr(
+    "state-deleted": lambda opt, p: opt.state.pop(p),
+    "data-reshaped-state-deleted": lambda opt, p: (_reshape(p), opt.state.pop(p)),
+    "grad-replaced-by-a-transposed-layout": lambda opt, p: setattr(
         p, "grad", p.grad.t().contiguous().t()) if p.dim() == 2 else None,
 }
 
@@ -378,7 +378,7 @@ CHANGES = {
 # Deliberately stricter than torch.optim (docs/behaviour.md): torch.optim.SGD updates a
 # float64 momentum buffer of a float32 parameter (torch.optim.Adam refuses such an
 # exp_avg); the fused kernels keep every state in its parameter's dtype and refuse both.
-STRICTER = {("sgd-momentum", "state replaced by float64")}
+STRICTER = {("sgd-momentum", "state-replaced-by-float64")}
 
 
 def _first_buffer(opt):
