@@ -136,7 +136,7 @@ class FusedGroup {
     }
     for (const Bucket& b : optim::detail::bucket_params(with_grad, with_grad_index_, group_,
                                                         name_.c_str())) {
-      Kept kept{b.device, b.dtype, b.index, b.position, {TensorList(), TensorList()}};
+      Kept kept{b.device, b.dtype, b.index, {TensorList(), TensorList()}};
       for (size_t s = 0; s < states.size(); ++s) {
         TensorList picked;
         for (size_t k = 0; k < b.position.size(); ++k) {
@@ -216,7 +216,6 @@ class FusedGroup {
     at::Device device;
     at::ScalarType dtype;
     std::vector<size_t> index;      // each parameter's index in the param group
-    std::vector<size_t> position;   // and among the parameters that have a gradient
     std::vector<TensorList> lists;  // [params, grads, states..., steps]
   };
 

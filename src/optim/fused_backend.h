@@ -4,7 +4,7 @@
 // Internal: the one interface every device's fused optimizer kernels implement, and the
 // registry that the launch code (fused_launch.cpp) asks for them. Each device folder
 // defines one table: src/optim/cpu, src/optim/cuda (CUDA builds only). Devices without a
-// table are refused before any launch (bucket_group).
+// table are refused before any launch (bucket_params).
 
 #include <ATen/ATen.h>
 
@@ -17,15 +17,17 @@ namespace optim {
 namespace detail {
 
 // The entry points of one device's fused kernels, with the same signatures on every
-// device. Unchecked on purpose: fused_launch.cpp (bucket_group) owns the preconditions.
+// device. Unchecked on purpose: fused_launch.cpp (bucket_params, Bucket::state) owns the
+// preconditions.
 struct FusedOptimBackend {
   const char* name;
 
   // One Adam/AdamW step, counters incremented, or nothing when the step is skipped.
   // Args:
   //   lists:     in AdamList order, step counters last; all tensors on one device of
-  //              this table's device type, contiguous, of one dtype (float32 or float64)
-  //              except the counters (float32, 0-dim).
+  //              this table's device type, laid out for a launch (NOTE: [Launch layout]
+  //              in fused_launch.h), of one dtype (float32 or float64) except the
+  //              counters (float32, one element).
   //   scale:     float32, 0-dim, any device, or undefined: gradients are multiplied by
   //              1/scale when defined.
   //   found_inf: float32, 0-dim, any device, or undefined: the step is skipped when it

@@ -6,6 +6,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace lucid {
 namespace optim {
 namespace detail {

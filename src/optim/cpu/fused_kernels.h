@@ -3,8 +3,9 @@
 
 // CPU fused optimizer kernels: the twins of the CUDA ones (src/optim/cuda/fused_kernels.cuh),
 // same formulas in the same order. Unchecked on purpose: src/optim/ owns the
-// preconditions: all tensors on the CPU, contiguous, of one dtype (float32 or float64)
-// per launch except the step counters (float32, 0-dim).
+// preconditions (NOTE: [Launch layout] in fused_launch.h): all tensors on the CPU,
+// non-overlapping and dense, each laid out as its parameter, of one dtype (float32 or
+// float64) per launch except the step counters (float32, one element).
 
 #include <ATen/ATen.h>
 
