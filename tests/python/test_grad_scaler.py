@@ -830,3 +830,48 @@ def test_a_state_dict_of_the_wrong_type_is_a_type_error_and_loads_nothing(scaler
     with pytest.raises(TypeError, match=match):
         scaler.load_state_dict(bad)
     assert scaler.state_dict() == before
+
+
+# ---- messages ------------------------------------------------------------------------------
+
+
+def _errors_of_every_front():
+    """One error from each way a Python call reaches the C++ core: options, state, the
+    stage machine, the fused optimizers' checks, clipping, the gradients' dtype."""
+    p = torch.nn.Parameter(torch.zeros(4))
+    p.grad = torch.ones(4)
+    sgd = torch.optim.SGD([p], lr=0.1)
+    fused = lucid_amp.optim.FusedAdamW([torch.nn.Parameter(torch.zeros(4))])
+    fused.param_groups[0]["params"][0].grad = torch.ones(4)
+    fused.step()
+    half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    half.grad = torch.ones(2, dtype=torch.float16)
+    calls = {
+        "option": lambda: lucid_amp.GradScaler("cpu", growth_factor=0.5),
+        "state": lambda: lucid_amp.GradScaler("cpu").load_state_dict(
+            {"scale": -1.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2,
+             "_growth_tracker": 0}),
+        "before scale": lambda: lucid_amp.GradScaler("cpu").unscale_(sgd),
+        "float16 gradient": lambda: _scaled(lucid_amp.GradScaler("cpu")).unscale_(
+            torch.optim.SGD([half], lr=0.1)),
+        "clip argument": lambda: lucid_amp.clip_grad_norm_([p], -1.0),
+        "fused state": lambda: (fused.state[fused.param_groups[0]["params"][0]]["exp_avg"].set_(
+            torch.zeros(2)), fused.step()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(Exception) as raised:
+            call()
+        yield name, raised.value
+
+
+def _scaled(scaler):
+    scaler.scale(torch.ones(()))
+    return scaler
+
+
+def test_python_facing_messages_carry_no_cpp_frames_or_names():
+    for name, err in _errors_of_every_front():
+        text = str(err)
+        for cpp in ("Exception raised from", "frame #", "c10::", "GradScalerOptions", "at::", "std::"):
+            assert cpp not in text, f"{name}: {cpp!r} in {text!r}"
+        assert text.strip(), name
