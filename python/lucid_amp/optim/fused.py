@@ -90,11 +90,12 @@ class _CachedListsMixin:
                 fused = self._prepared_group(cache, index, group, layout_of(group), gather)
                 if fused is not None:
                     prepared.append((fused, group))
-            for fused, group in prepared:
-                launch(fused, group)
-        finally:
-            for fused, _ in prepared:
+        except BaseException:
+            for fused, _ in prepared:  # a launch releases its own; these will not launch
                 fused.release_()
+            raise
+        for fused, group in prepared:
+            launch(fused, group)
 
     def _prepared_group(self, cache, index, group, layout, gather):
         """The index-th group's _FusedGroup with its tensors taken, or None when no
