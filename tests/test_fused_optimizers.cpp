@@ -324,7 +324,9 @@ TEST(FusedOptimizers, TensorsThatNoLongerMatchTheirParameterAreRefusedBeforeAnyW
        },
        "the exp_avg of parameter 0 of param group 1"},
       {"exp_avg_sq resized in place", true,
-       [&](torch::optim::Optimizer& o, torch::Tensor& p) { adam_state(o, p).exp_avg_sq().resize_({3}); },
+       [&](torch::optim::Optimizer& o, torch::Tensor& p) {
+         adam_state(o, p).exp_avg_sq().resize_({3});
+       },
        "the exp_avg_sq of parameter 0 of param group 1"},
       {"step counter set_ to no element", true,
        [&](torch::optim::Optimizer& o, torch::Tensor& p) {
@@ -340,8 +342,8 @@ TEST(FusedOptimizers, TensorsThatNoLongerMatchTheirParameterAreRefusedBeforeAnyW
   for (const auto& [name, adam, change, message] : cases) {
     auto a = torch::zeros({28, 28}).requires_grad_(true);
     auto b = torch::zeros({784}).requires_grad_(true);
-    std::vector<torch::optim::OptimizerParamGroup> groups = {torch::optim::OptimizerParamGroup({a}),
-                                                             torch::optim::OptimizerParamGroup({b})};
+    std::vector<torch::optim::OptimizerParamGroup> groups = {
+        torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})};
     std::unique_ptr<torch::optim::Optimizer> opt;
     if (adam) {
       opt = std::make_unique<FusedAdamW>(groups, FusedAdamWOptions(0.1));

@@ -700,7 +700,6 @@ TEST(GradScalerGrowth, UpdateNewScaleRejectsNonPositiveOrNonFinite) {
   }
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Core numeric behaviours, on each device (CUDA skipped when absent) and each path: the
 // native backend of the device, and the generic ATen-ops path forced for every device.

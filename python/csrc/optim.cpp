@@ -77,8 +77,8 @@ class DictWatch {
     return count;
   }
   static int watcher() {
-    static const int id = PyDict_AddWatcher(
-        [](PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) -> int {
+    static const int id =
+        PyDict_AddWatcher([](PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) -> int {
           ++changes();
           return 0;
         });
@@ -134,8 +134,8 @@ class FusedGroup {
       TORCH_CHECK(s.size() == with_grad.size(), name_, ": a state list of ", s.size(),
                   " tensors for ", with_grad.size(), " parameters with a gradient.");
     }
-    for (const Bucket& b : optim::detail::bucket_params(with_grad, with_grad_index_, group_,
-                                                        name_.c_str())) {
+    for (const Bucket& b :
+         optim::detail::bucket_params(with_grad, with_grad_index_, group_, name_.c_str())) {
       Kept kept{b.device, b.dtype, b.index, {TensorList(), TensorList()}};
       for (size_t s = 0; s < states.size(); ++s) {
         TensorList picked;
@@ -145,8 +145,8 @@ class FusedGroup {
           if (s + 1 == states.size()) {
             optim::detail::check_step_counter(p, t, name_.c_str(), group_, b.index[k]);
           } else {
-            optim::detail::check_like_param(p, t, name_.c_str(), state_names_[s].c_str(),
-                                            group_, b.index[k]);
+            optim::detail::check_like_param(p, t, name_.c_str(), state_names_[s].c_str(), group_,
+                                            b.index[k]);
           }
           picked.push_back(t);
         }
@@ -177,8 +177,8 @@ class FusedGroup {
     return prepared_;
   }
 
-  void adam_(double lr, double beta1, double beta2, double eps, double weight_decay,
-             bool amsgrad, bool decoupled_weight_decay, const c10::optional<at::Tensor>& grad_scale,
+  void adam_(double lr, double beta1, double beta2, double eps, double weight_decay, bool amsgrad,
+             bool decoupled_weight_decay, const c10::optional<at::Tensor>& grad_scale,
              const c10::optional<at::Tensor>& found_inf) {
     const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay};
     launch([&](const at::Device& device, const std::vector<TensorList>& lists) {
@@ -392,8 +392,7 @@ void bind_optim(py::module& m) {
                })),
            py::arg("name"), py::arg("group"), py::arg("params"), py::arg("states"),
            py::arg("state_names"), py::arg("watched"))
-      .def("prepare_",
-           torch::wrap_pybind_function([](FusedGroup& self, const py::list& params) {
+      .def("prepare_", torch::wrap_pybind_function([](FusedGroup& self, const py::list& params) {
              return self.prepare_(params);
            }),
            py::arg("params"),
@@ -401,23 +400,22 @@ void bind_optim(py::module& m) {
            "tensor it will use; false (nothing taken) if its parameters, the set of them "
            "with a gradient, or a watched state dict changed since it was built.")
       .def("adam_",
-           torch::wrap_pybind_function(
-               [](FusedGroup& self, double lr, double beta1, double beta2, double eps,
-                  double weight_decay, bool amsgrad, bool decoupled_weight_decay,
-                  const c10::optional<at::Tensor>& grad_scale,
-                  const c10::optional<at::Tensor>& found_inf) {
-                 self.adam_(lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
-                            grad_scale, found_inf);
-               }),
+           torch::wrap_pybind_function([](FusedGroup& self, double lr, double beta1, double beta2,
+                                          double eps, double weight_decay, bool amsgrad,
+                                          bool decoupled_weight_decay,
+                                          const c10::optional<at::Tensor>& grad_scale,
+                                          const c10::optional<at::Tensor>& found_inf) {
+             self.adam_(lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled_weight_decay,
+                        grad_scale, found_inf);
+           }),
            "Steps what prepare_ took with Adam/AdamW, then releases it.")
       .def("sgd_",
-           torch::wrap_pybind_function(
-               [](FusedGroup& self, double lr, double momentum, double dampening,
-                  double weight_decay, bool nesterov, const c10::optional<at::Tensor>& grad_scale,
-                  const c10::optional<at::Tensor>& found_inf) {
-                 self.sgd_(lr, momentum, dampening, weight_decay, nesterov, grad_scale,
-                           found_inf);
-               }),
+           torch::wrap_pybind_function([](FusedGroup& self, double lr, double momentum,
+                                          double dampening, double weight_decay, bool nesterov,
+                                          const c10::optional<at::Tensor>& grad_scale,
+                                          const c10::optional<at::Tensor>& found_inf) {
+             self.sgd_(lr, momentum, dampening, weight_decay, nesterov, grad_scale, found_inf);
+           }),
            "Steps what prepare_ took with SGD, then releases it.")
       .def("release_", torch::wrap_pybind_function([](FusedGroup& self) { self.release_(); }),
            "Drops what prepare_ took without launching.");

@@ -22,8 +22,8 @@ void check_like_param(const at::Tensor& param, const at::Tensor& t, const char* 
                   t.scalar_type() == param.scalar_type() && t.device() == param.device(),
               optimizer, ": the ", what, " of parameter ", index, " of param group ", group,
               " is a ", t.scalar_type(), " tensor of sizes ", t.sizes(), " on ", t.device(),
-              ", but the parameter is a ", param.scalar_type(), " tensor of sizes ",
-              param.sizes(), " on ", param.device(),
+              ", but the parameter is a ", param.scalar_type(), " tensor of sizes ", param.sizes(),
+              " on ", param.device(),
               ". Resize or replace a parameter together with its gradient and state (or "
               "delete its state); nothing was changed.");
 }
@@ -73,19 +73,16 @@ std::vector<Bucket> bucket_params(const std::vector<at::Tensor>& params,
                 " has no gradient.");
     common::check_plain_tensor(g, optimizer_name, "the gradient of parameter ", i,
                                " of param group ", group);
-    TORCH_CHECK_NOT_IMPLEMENTED(!g.is_sparse(), optimizer_name,
-                                " does not support sparse gradients (parameter ", i,
-                                " of param group ", group,
-                                "); use torch.optim's SGD or Adam for sparse parameters.");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !g.is_sparse(), optimizer_name, " does not support sparse gradients (parameter ", i,
+        " of param group ", group, "); use PyTorch's own SGD or Adam (torch.optim, torch::optim) for them.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, optimizer_name,
-        " updates float32 and float64 parameters; parameter ", i, " of param group ", group,
-        " is ", p.scalar_type(),
-        ". Keep master weights in float32 and let autocast run the forward pass.");
+        " updates float32 and float64 parameters; parameter ", i, " of param group ", group, " is ",
+        p.scalar_type(), ". Keep master weights in float32 and let autocast run the forward pass.");
     TORCH_CHECK_NOT_IMPLEMENTED(p.is_cpu() || p.is_cuda(), optimizer_name,
-                                " runs on CPU and CUDA; parameter ", i, " of param group ",
-                                group, " is on ", p.device(),
-                                ". Use the torch.optim optimizer there.");
+                                " runs on CPU and CUDA; parameter ", i, " of param group ", group,
+                                " is on ", p.device(), ". Use PyTorch's own optimizer (torch.optim, torch::optim) there.");
     check_like_param(p, g, optimizer_name, "gradient", group, i);
   }
   std::vector<Bucket> buckets;
@@ -109,8 +106,8 @@ std::vector<Bucket> bucket_params(const std::vector<at::Tensor>& params,
   return buckets;
 }
 
-std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
-                                 size_t group_index, const char* optimizer_name) {
+std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group, size_t group_index,
+                                 const char* optimizer_name) {
   std::vector<at::Tensor> with_grad;
   std::vector<size_t> index;
   const auto& params = group.params();

@@ -51,12 +51,12 @@ void check_step_counter(const at::Tensor& param, const at::Tensor& t, const char
 struct Bucket {
   at::Device device;
   at::ScalarType dtype;
-  size_t group;                      // the param group's index, for messages
-  std::vector<size_t> index;         // each parameter's index in its param group
-  std::vector<size_t> position;      // and in the list bucket_params was given
+  size_t group;                  // the param group's index, for messages
+  std::vector<size_t> index;     // each parameter's index in its param group
+  std::vector<size_t> position;  // and in the list bucket_params was given
   std::vector<at::Tensor> originals;
-  std::vector<at::Tensor> params;    // the parameter or its contiguous copy
-  std::vector<at::Tensor> grads;     // launchable with params
+  std::vector<at::Tensor> params;                         // the parameter or its contiguous copy
+  std::vector<at::Tensor> grads;                          // launchable with params
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (tensor, launch copy) to write back
 
   // The launch tensor of state `t` (`what`) of the bucket's k-th parameter: `t`, or a copy
@@ -76,8 +76,8 @@ std::vector<Bucket> bucket_params(const std::vector<at::Tensor>& params,
 
 // bucket_params over the parameters of `group` (param group `group_index`) that have a
 // gradient.
-std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group,
-                                 size_t group_index, const char* optimizer_name);
+std::vector<Bucket> bucket_group(const torch::optim::OptimizerParamGroup& group, size_t group_index,
+                                 const char* optimizer_name);
 
 // One launch over a bucket's lists (AdamList / SgdList order, step counters last) on the
 // bucket's device's table; `scale` and `found_inf` as in ScalerAware::set_grad_scaling.
