@@ -27,6 +27,8 @@ using optim::detail::launchable;
 using optim::detail::SgdHyper;
 using TensorList = std::vector<at::Tensor>;
 
+const caffe2::TypeMeta kFloat32 = caffe2::TypeMeta::Make<float>();
+
 at::Tensor or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
 }
@@ -136,7 +138,8 @@ class FusedGroup {
     }
     for (const Bucket& b :
          optim::detail::bucket_params(with_grad, with_grad_index_, group_, name_.c_str())) {
-      Kept kept{b.device, b.dtype, b.index, {TensorList(), TensorList()}};
+      Kept kept{b.device, b.dtype, c10::scalarTypeToTypeMeta(b.dtype), b.index,
+                {TensorList(), TensorList()}};
       for (size_t s = 0; s < states.size(); ++s) {
         TensorList picked;
         for (size_t k = 0; k < b.position.size(); ++k) {
@@ -200,8 +203,12 @@ class FusedGroup {
   // Drops what prepare_ took, so that no tensor of a parameter is held between steps.
   void release_() {
     for (Kept& k : kept_) {
-      k.lists[0].clear();
-      k.lists[1].clear();
+      for (int list : {0, 1}) {
+        for (at::Tensor& t : k.lists[list]) {
+          Borrow::destroyBorrow(t);
+        }
+        k.lists[list].clear();
+      }
     }
     checked_buckets_.clear();
     checked_lists_.clear();
@@ -209,12 +216,20 @@ class FusedGroup {
   }
 
  private:
+  // Borrowed tensors, as c10::MaybeOwned makes them: the steady step's launch lists
+  // share the parameters' and gradients' TensorImpls without taking references (two
+  // atomic operations per tensor and step). The Python parameter objects own them while
+  // prepare_ and the launch run (no Python code runs in between), and release_ gives
+  // every borrow back before the lists are emptied.
+  using Borrow = c10::MaybeOwnedTraits<at::Tensor>;
+
   // One device and dtype of the group. `lists` is the launch's argument: the parameters
-  // and their gradients (filled for one launch, then emptied, so that no tensor of a
+  // and their gradients (borrowed for one launch, then emptied, so that no tensor of a
   // parameter is held between steps), then the state lists, kept.
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
+    caffe2::TypeMeta type_meta;  // of dtype
     std::vector<size_t> index;      // each parameter's index in the param group
     std::vector<TensorList> lists;  // [params, grads, states..., steps]
   };
@@ -276,24 +291,35 @@ class FusedGroup {
         continue;
       }
       Kept& k = kept_[static_cast<size_t>(b)];
-      if (p.device() != k.device || p.scalar_type() != k.dtype ||
-          !p.is_non_overlapping_and_dense() || !common::is_plain_tensor(p) ||
-          g.layout() != c10::kStrided || !common::is_plain_tensor(g) || !launchable(p, g)) {
+      // Read through the TensorImpls, once per parameter: this loop is the steady step's
+      // host time. The parameter object is the one checked when the group was built, and
+      // its dispatch keys cannot change since (.data = refuses other ones).
+      const c10::TensorImpl& pi = *p.unsafeGetTensorImpl();
+      const c10::TensorImpl& gi = *g.unsafeGetTensorImpl();
+      const c10::IntArrayRef sizes = pi.sizes();
+      const c10::IntArrayRef strides = pi.strides();
+      const caffe2::TypeMeta dtype = pi.dtype();
+      if (pi.device() != k.device || dtype != k.type_meta || !pi.is_non_overlapping_and_dense() ||
+          gi.layout() != c10::kStrided || !common::is_plain_tensor(g) || gi.dtype() != dtype ||
+          gi.device() != k.device || gi.sizes() != sizes || gi.strides() != strides) {
         return false;
       }
+      // A kept state tensor changed in place keeps its device (neither set_ nor .data =
+      // moves a tensor to another device); its sizes, strides and dtype may change.
       const size_t at = k.lists[0].size();
       const size_t steps = k.lists.size() - 1;
       for (size_t s = 2; s < steps; ++s) {
-        if (!launchable(p, k.lists[s][at])) {
+        const c10::TensorImpl& si = *k.lists[s][at].unsafeGetTensorImpl();
+        if (si.dtype() != dtype || si.sizes() != sizes || si.strides() != strides) {
           return false;
         }
       }
-      const at::Tensor& step = k.lists[steps][at];
-      if (step.numel() != 1 || step.scalar_type() != at::kFloat || step.device() != k.device) {
+      const c10::TensorImpl& step = *k.lists[steps][at].unsafeGetTensorImpl();
+      if (step.numel() != 1 || step.dtype() != kFloat32) {
         return false;
       }
-      k.lists[0].push_back(p);
-      k.lists[1].push_back(g);
+      k.lists[0].push_back(Borrow::createBorrow(p));
+      k.lists[1].push_back(Borrow::createBorrow(g));
     }
     return true;
   }
