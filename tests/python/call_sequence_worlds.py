@@ -50,8 +50,9 @@ refused call's effects) differs from there on.
   stops there. A program whose reference scale leaves the normal range ends.
 - a fused optimizer's gradients stay scaled in memory after clip_grad_norm_ and step (the
   kernel unscales as it reads): they are not compared there, and world B takes world A's
-  once both treat them as scaled again (after update(), zero_grad, a fresh scaler or
-  optimizer); a call that adds to them or clips them before the step ends the program.
+  once both treat them as scaled again (after update(), a fresh scaler or optimizer); a
+  backward() or another clip before the step ends the program, after zero_grad too (world
+  A's step still divides by scale / coefficient).
 - clip_grad_norm_ with norm_type inf over gradients one of which is empty: PyTorch's
   _foreach_norm raises, lucid-amp clips by the largest magnitude of the others.
 - a fused kernel's arithmetic on non-finite values (a gradient poisoned after its check,
@@ -326,7 +327,7 @@ class Pair:
 
     def sync_apart_grads(self):
         """Once both worlds treat the gradients as scaled again (after update(), a fresh
-        scaler or optimizer, zero_grad), world B takes world A's."""
+        scaler or optimizer), world B takes world A's."""
         if self.grads_apart:
             with torch.no_grad():
                 for p, q in zip(self.a.params, self.b.params):
@@ -517,7 +518,9 @@ class Pair:
 
         for w in (self.a, self.b):
             w.opt.zero_grad(set_to_none=set_to_none)
-        self.sync_apart_grads()
+        # zeros (or None) are the same in both worlds, but between a fused optimizer's
+        # clip and its step world A still divides by scale / coefficient: the gradients
+        # stay apart, and a backward() before the step ends the program
         self.compare_tensors()
 
     def op_grad_none(self, i):
