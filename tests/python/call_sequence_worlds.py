@@ -585,7 +585,7 @@ class Pair:
                 elif how == "dtype":
                     state[key] = t.double()
                 else:
-                    t.set_(torch.zeros(t.numel() + 1))
+                    t.set_(torch.zeros(t.numel() + 1, dtype=t.dtype))
 
 
 def run_program(program):
