@@ -67,6 +67,15 @@ import os
 import sys
 import traceback
 
+if __name__ == "__main__":
+    # Run as a script: lucid_amp from python/ where it was built in place, as conftest.py
+    # picks it for pytest.
+    _IN_PLACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "python")
+    if (os.path.isdir(os.path.join(_IN_PLACE, "lucid_amp"))
+            and not os.environ.get("LUCID_AMP_TEST_INSTALLED")):
+        sys.path.insert(0, _IN_PLACE)
+
 import torch
 
 import lucid_amp
