@@ -55,6 +55,11 @@ refused call's effects) differs from there on.
   A's step still divides by scale / coefficient).
 - clip_grad_norm_ with norm_type inf over gradients one of which is empty: PyTorch's
   _foreach_norm raises, lucid-amp clips by the largest magnitude of the others.
+- a fused optimizer checks its gradients and state at every step, also one the device
+  will skip on an overflow (the host does not know it will be skipped; PyTorch's scaler
+  then never calls optimizer.step(), which would raise), and refuses a momentum buffer of
+  another dtype than its parameter, which torch.optim.SGD updates: where world A raises at
+  such a step and world B does not, the program ends.
 - a fused kernel's arithmetic on non-finite values (a gradient poisoned after its check,
   so that the step runs) may give inf where torch.optim gives NaN: where values are
   non-finite must agree, not which non-finite value they are.
@@ -191,6 +196,8 @@ class Pair:
         # for a fused optimizer, whether world A's skip is asked for at the step or at
         # the next update() (the deferred outcome)
         self.pending_skip = None
+        # a gradient or state was made inconsistent with its parameter (bad_grad, bad_state)
+        self.tensors_inconsistent = False
         self.stats = dict(calls=0, both_raised=0, steps=0, skipped=0, updates=0,
                           backoffs=0, growths=0)
 
@@ -420,6 +427,10 @@ class Pair:
             if ea is not None:
                 self.fail(f"step without gradients: lucid_amp raised {ea!r} (it runs the step)")
             raise EndProgram("step of an optimizer without gradients (documented)")
+        if self.fused and self.tensors_inconsistent and ea is not None and eb is None:
+            # checked at every step, also one the device will skip (PyTorch's scaler then
+            # never calls the optimizer), and stricter on a state's dtype than torch.optim.SGD
+            raise EndProgram("a fused optimizer refused an inconsistent tensor (documented)")
         self.expect_same_raise(ea, eb, "step")
         if eb is not None:
             return
@@ -565,6 +576,7 @@ class Pair:
     def op_bad_grad(self, i, extra, how):
         """The gradient made another size than its parameter."""
         self.end_if_apart()
+        self.tensors_inconsistent = True
         for w in (self.a, self.b):
             p = w.params[i]
             if p.grad is None:
@@ -586,6 +598,7 @@ class Pair:
         if not keys:
             return
         key = keys[key_index % len(keys)]
+        self.tensors_inconsistent = True
         for state in (sa, sb):
             t = state[key]
             with torch.no_grad():
