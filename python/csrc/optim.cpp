@@ -138,7 +138,10 @@ class FusedGroup {
     }
     for (const Bucket& b :
          optim::detail::bucket_params(with_grad, with_grad_index_, group_, name_.c_str())) {
-      Kept kept{b.device, b.dtype, c10::scalarTypeToTypeMeta(b.dtype), b.index,
+      Kept kept{b.device,
+                b.dtype,
+                c10::scalarTypeToTypeMeta(b.dtype),
+                b.index,
                 {TensorList(), TensorList()}};
       for (size_t s = 0; s < states.size(); ++s) {
         TensorList picked;
@@ -229,7 +232,7 @@ class FusedGroup {
   struct Kept {
     at::Device device;
     at::ScalarType dtype;
-    caffe2::TypeMeta type_meta;  // of dtype
+    caffe2::TypeMeta type_meta;     // of dtype
     std::vector<size_t> index;      // each parameter's index in the param group
     std::vector<TensorList> lists;  // [params, grads, states..., steps]
   };

@@ -75,14 +75,16 @@ std::vector<Bucket> bucket_params(const std::vector<at::Tensor>& params,
                                " of param group ", group);
     TORCH_CHECK_NOT_IMPLEMENTED(
         !g.is_sparse(), optimizer_name, " does not support sparse gradients (parameter ", i,
-        " of param group ", group, "); use PyTorch's own SGD or Adam (torch.optim, torch::optim) for them.");
+        " of param group ", group,
+        "); use PyTorch's own SGD or Adam (torch.optim, torch::optim) for them.");
     TORCH_CHECK_NOT_IMPLEMENTED(
         p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, optimizer_name,
         " updates float32 and float64 parameters; parameter ", i, " of param group ", group, " is ",
         p.scalar_type(), ". Keep master weights in float32 and let autocast run the forward pass.");
     TORCH_CHECK_NOT_IMPLEMENTED(p.is_cpu() || p.is_cuda(), optimizer_name,
                                 " runs on CPU and CUDA; parameter ", i, " of param group ", group,
-                                " is on ", p.device(), ". Use PyTorch's own optimizer (torch.optim, torch::optim) there.");
+                                " is on ", p.device(),
+                                ". Use PyTorch's own optimizer (torch.optim, torch::optim) there.");
     check_like_param(p, g, optimizer_name, "gradient", group, i);
   }
   std::vector<Bucket> buckets;
