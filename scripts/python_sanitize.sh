@@ -55,11 +55,10 @@ if [ -d /usr/lib/ccache ]; then
 fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
-# The package folder is made anew each time: build_ext links only when the extension is
-# missing or older than its sources, and the prebuilt library is not one of its sources, so
-# a kept extension could link an older library; a new copy also drops Python files that
-# the source package no longer has. The objects stay in python-temp (Ninja rebuilds only
-# what changed), so a rebuild is a link. setuptools compiles the extension with CFLAGS in
+# The package folder is made anew each time, so that it holds no Python file the source
+# package no longer has (setup.py names the prebuilt library as a dependency, so the
+# extension is relinked when it changed). The objects stay in python-temp (Ninja rebuilds
+# only what changed), so a rebuild is a link. setuptools compiles the extension with CFLAGS in
 # place of Python's own flags (so without -DNDEBUG, as the library's Debug build) and
 # links a C++ extension with LDFLAGS: the link needs -fsanitize too, which makes the
 # extension need libasan and libubsan (the library's objects call UBSan's runtime).

@@ -23,7 +23,6 @@ namespace {
 
 using optim::detail::AdamHyper;
 using optim::detail::Bucket;
-using optim::detail::launchable;
 using optim::detail::SgdHyper;
 using TensorList = std::vector<at::Tensor>;
 
