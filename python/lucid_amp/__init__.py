@@ -45,6 +45,7 @@ from .grad_scaler import (
     ScalerCounters,
     clip_grad_norm_,
 )
+from .sharded_grad_scaler import ShardedGradScaler
 
 __version__ = _C.version
 
@@ -53,6 +54,7 @@ with_cuda = bool(_C.with_cuda)
 
 __all__ = [
     "GradScaler",
+    "ShardedGradScaler",
     "autocast",
     "is_autocast_enabled",
     "ScalerCounters",

@@ -161,6 +161,20 @@ def clip_grad_norm_(
     return _C.clip_grad_norm_(parameters, float(max_norm), float(norm_type), bool(error_if_nonfinite))
 
 
+def _map_tensors(outputs, fn: Callable[[torch.Tensor], torch.Tensor]):
+    """``fn`` applied to a tensor, or to each tensor of nested lists/tuples/iterables (lists
+    stay lists, tuples tuples, other iterables become lazy iterators), as PyTorch's scaler
+    walks what scale() is given."""
+    if isinstance(outputs, torch.Tensor):
+        return fn(outputs)
+    if isinstance(outputs, abc.Iterable):
+        mapped = map(lambda val: _map_tensors(val, fn), outputs)
+        if isinstance(outputs, (list, tuple)):
+            return type(outputs)(mapped)
+        return mapped
+    raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
     return [list(group["params"]) for group in optimizer.param_groups]
 
@@ -298,20 +312,7 @@ class GradScaler:
         """
         if not self._core.is_enabled():
             return outputs
-        if isinstance(outputs, torch.Tensor):
-            return self._core.scale(outputs)
-
-        def apply(val):
-            if isinstance(val, torch.Tensor):
-                return self._core.scale(val)
-            if isinstance(val, abc.Iterable):
-                iterable = map(apply, val)
-                if isinstance(val, (list, tuple)):
-                    return type(val)(iterable)
-                return iterable
-            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
-
-        return apply(outputs)
+        return _map_tensors(outputs, self._core.scale)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides ``optimizer``'s gradients by the scale in place and records overflow.
