@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from torch.amp.grad_scaler import OptState
 
 import lucid_amp
 
@@ -534,23 +535,19 @@ class ScalerAwareSGD(ProtocolSGD):
 
 
 @pytest.mark.parametrize("opt_cls", [ProtocolSGD, ScalerAwareSGD])
-def test_a_protocol_optimizer_gets_the_flag_and_the_scale_only_if_it_unscales_as_it_reads(
-        scaler, opt_cls):
-    """ProtocolSGD is like PyTorch's fused optimizers, which would write unscaled gradients
-    back: the scaler's pass unscales, and the optimizer gets no scale, only the flag.
-    ScalerAwareSGD gets the scale and the flag and unscales itself: the scaler only checks
-    the gradients, which stay scaled."""
-    given_scale = 1024.0 if opt_cls is ScalerAwareSGD else None
+def test_a_protocol_optimizer_gets_the_flag_and_the_scale_and_unscales_itself(scaler, opt_cls):
+    """Any optimizer of the protocol but torch.optim's own fused ones gets the scale and
+    the flag, as from PyTorch's scaler, and unscales itself: the scaler only checks the
+    gradients, which stay scaled."""
     model = make_model()
     opt = opt_cls(model.parameters(), lr=0.1)
     control = make_model()
     backward(scaler, model)
     scaled = grads(model)
     assert scaler.step(opt) == "ran"
-    assert opt.seen == [(given_scale, 0.0)]
+    assert opt.seen == [(1024.0, 0.0)]
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
-    left = scaled if opt_cls is ScalerAwareSGD else [g / 1024 for g in scaled]
-    assert same(grads(model), left)
+    assert same(grads(model), scaled)
     expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
     assert same(params(model), expect)
     scaler.update()
@@ -559,7 +556,7 @@ def test_a_protocol_optimizer_gets_the_flag_and_the_scale_only_if_it_unscales_as
     next(model.parameters()).grad.view(-1)[0] = math.inf
     p = params(model)
     assert scaler.step(opt) == "skipped-on-device"
-    assert opt.seen[-1] == (given_scale, 1.0)
+    assert opt.seen[-1] == (1024.0, 1.0)
     assert scaler.step_skipped(opt) and same(params(model), p)
     scaler.update()
     assert scaler.get_scale() == 512.0
@@ -586,22 +583,30 @@ def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overf
 
 
 class OldProtocolSGD(torch.optim.SGD):
-    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument."""
+    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument; its
+    step unscales through the scaler it is given, as PyTorch 1.13's fused Adam did."""
 
     _step_supports_amp_scaling = True
 
     def step(self, closure=None, *, grad_scaler=None):
-        assert grad_scaler is None
-        assert not hasattr(self, "grad_scale")
+        assert isinstance(grad_scaler, torch.amp.GradScaler)
+        assert not hasattr(self, "grad_scale") and not hasattr(self, "found_inf")
+        if grad_scaler._per_optimizer_states[id(self)]["stage"] is OptState.READY:
+            grad_scaler.unscale_(self)
+        if sum(v.item() for v in grad_scaler._found_inf_per_device(self).values()):
+            return "skipped"
         return super().step(closure)
 
 
-def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
+@pytest.mark.parametrize("impl", [torch.amp.GradScaler, lucid_amp.GradScaler])
+def test_an_optimizer_of_the_older_protocol_is_passed_the_scaler_with_pytorchs_warning(impl):
     model, control = make_model(), make_model()
+    scaler = impl("cpu", init_scale=1024.0)
     opt = OldProtocolSGD(model.parameters(), lr=0.1)
     backward(scaler, model)
     scaled = grads(model)
-    scaler.step(opt)
+    with pytest.warns(FutureWarning, match="stop passing itself"):
+        scaler.step(opt)
     assert same(grads(model), [g / 1024 for g in scaled])
     expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
     assert same(params(model), expect)
@@ -610,8 +615,53 @@ def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
     backward(scaler, model)
     model[0].bias.grad[0] = math.inf
     p = params(model)
-    scaler.step(opt)
-    assert scaler.step_skipped(opt) and same(params(model), p)
+    with pytest.warns(FutureWarning):
+        assert scaler.step(opt) == "skipped"
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+
+
+class CheckingOldProtocolSGD(torch.optim.SGD):
+    """The older protocol through _get_scale_async and _check_inf_per_device: checks
+    without unscaling and divides by the scale itself."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scaler=None):
+        found = grad_scaler._check_inf_per_device(self)
+        if sum(v.item() for v in found.values()):
+            return "skipped"
+        scale = grad_scaler._get_scale_async()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad.div_(scale)
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("impl", [torch.amp.GradScaler, lucid_amp.GradScaler])
+def test_an_optimizer_of_the_older_protocol_may_check_and_unscale_itself(impl):
+    model, control = make_model(), make_model()
+    scaler = impl("cpu", init_scale=1024.0)
+    opt = CheckingOldProtocolSGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaled = grads(model)
+    with pytest.warns(FutureWarning):
+        scaler.step(opt)
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+    assert scaler.get_scale() == 1024.0
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.nan
+    p = params(model)
+    with pytest.warns(FutureWarning):
+        assert scaler.step(opt) == "skipped"
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
 
 
 def _has_cpu_fused_adam():
