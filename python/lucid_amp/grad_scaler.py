@@ -304,8 +304,10 @@ class GradScaler(torch.amp.GradScaler):
             scaler.update()
 
     Args:
-        device: the device type the scaler is for ("cuda" or "cpu"). As PyTorch's, a
-            "cuda" scaler on a machine without CUDA warns and disables itself. The scale
+        device: the device type the scaler is for: "cuda" or "cpu", as a str ("cuda:1"
+            counts as "cuda") or a torch.device; any other type (xpu, mps, ...) raises
+            ValueError, as lucid-amp has no kernels for it. As PyTorch's, a "cuda" scaler
+            on a machine without CUDA warns and disables itself. The scale
             tensor itself lives on the device of the first tensor it meets.
         init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
             ``torch.amp.GradScaler``.
@@ -328,6 +330,13 @@ class GradScaler(torch.amp.GradScaler):
 
     Differences from PyTorch, all on misuse: invalid options and float16 gradients raise
     ValueError, complex gradients NotImplementedError, before anything changes.
+
+    It is a ``torch.amp.GradScaler`` (``isinstance`` holds) whose state lives in the C++
+    core, not in PyTorch's attributes: the private attributes libraries read (``_scale``,
+    ``_growth_tracker``, ``_enabled``, ``_per_optimizer_states``, ...) are read-only views
+    of the core with PyTorch's meaning, and a subclass that overrides one of PyTorch's
+    private methods that this class never calls (``_unscale_grads_``, ...) is refused
+    with TypeError when it is created.
     """
 
     def __init__(
@@ -438,10 +447,14 @@ class GradScaler(torch.amp.GradScaler):
         An optimizer with ``_step_supports_amp_scaling`` (PyTorch's fused optimizers,
         lucid_amp.optim's) gets the overflow flag as ``optimizer.found_inf`` and skips on
         the device; step returns its value as PyTorch's GradScaler does, without waiting
-        for the device. lucid_amp.optim's (``_unscales_without_writing``) also get the
-        scale as ``optimizer.grad_scale`` and unscale as they read, so the scaler's pass
-        only checks; any other such optimizer gets gradients unscaled by the scaler's
-        pass (PyTorch's fused kernels would write them back unscaled, a slower step).
+        for the device. It also gets the scale as ``optimizer.grad_scale`` (times a
+        ``grad_scale`` set on it before step(), as PyTorch's) and unscales as it reads, so
+        the scaler's pass only checks; torch.optim's own fused optimizers instead get their
+        gradients unscaled by the scaler's pass (their kernels would write them back
+        unscaled, a slower step) and only a preset ``grad_scale``. Both are removed after
+        the step. An optimizer whose step takes ``grad_scaler`` (PyTorch's older protocol)
+        gets PyTorch's FutureWarning and ``grad_scaler=self``, and unscales or checks
+        through unscale_ or _check_inf_per_device itself.
         """
         if not self._core.is_enabled():
             return optimizer.step(*args, **kwargs)
