@@ -27,7 +27,10 @@ from . import _C
 
 __all__ = ["GradScaler", "ScalerCounters", "OverflowReport", "NonFiniteGradient", "BackoffEvent"]
 
+# The core's stages 0, 1, 2: by name (stage()) and as PyTorch's OptState
+# (_per_optimizer_states).
 _STAGES = ("ready", "unscaled", "stepped")
+_OPT_STATES = (OptState.READY, OptState.UNSCALED, OptState.STEPPED)
 
 _CLOSURE_MESSAGE = (
     "GradScaler.step does not accept a closure while the scaler is enabled: the closure "
@@ -278,6 +281,13 @@ class _OptimizerStates(abc.Mapping):
     def __len__(self) -> int:
         return len(self._scaler._active)
 
+    # As a dict's: only the optimizers seen count as present (__getitem__ answers for any).
+    def __contains__(self, key: object) -> bool:
+        return key in self._scaler._active
+
+    def get(self, key: int, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
 
 def _integer(name: str, value: Any) -> int:
     """``value`` as an int, or TypeError: a count given as 2.5 is refused, not truncated
@@ -518,7 +528,7 @@ class GradScaler(torch.amp.GradScaler):
         self._active[key] = optimizer
         self._passing_itself[key] = None
         try:
-            result = optimizer.step(*args, grad_scaler=self, **kwargs)
+            result = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
         finally:
             del self._passing_itself[key]
         if self._core.stage(key) != 2:
@@ -717,7 +727,7 @@ class GradScaler(torch.amp.GradScaler):
     def _init_scale(self) -> float:
         """The scale the scale tensor starts from: the loaded one after load_state_dict
         before any scale(), as PyTorch's."""
-        if self._core.scale_tensor() is None:
+        if self._core.is_enabled() and self._core.scale_tensor() is None:
             return self._core.get_scale()
         return self._core.options()["init_scale"]
 
@@ -744,7 +754,7 @@ class GradScaler(torch.amp.GradScaler):
     def _optimizer_state(self, key: int) -> Dict[str, Any]:
         if not isinstance(key, int):
             return {"stage": OptState.READY, "found_inf_per_device": {}}
-        stage = (OptState.READY, OptState.UNSCALED, OptState.STEPPED)[self._core.stage(key)]
+        stage = _OPT_STATES[self._core.stage(key)]
         found: Dict[torch.device, torch.Tensor] = {}
         if stage is not OptState.READY:
             flag = self._flags.get(key)

@@ -1078,7 +1078,9 @@ def test_unscale_and_clipping_put_the_optimizer_in_the_iteration_as_step_does(sc
         scaler.unscale_(opt)
     else:
         scaler.clip_grad_norm_(opt, 1.0)
-    assert list(scaler._per_optimizer_states) == [id(opt)]
+    states = scaler._per_optimizer_states
+    assert list(states) == [id(opt)] and id(opt) in states and states.get(id(opt)) is not None
+    assert 1 not in states and states.get(1) is None and states[1]["stage"] is OptState.READY
     with pytest.raises(RuntimeError, match="may only be pickled"):
         pickle.dumps(scaler)
     scaler.step(opt)
