@@ -21,12 +21,16 @@ from collections import abc
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 from . import _C
 
 __all__ = ["GradScaler", "ScalerCounters", "OverflowReport", "NonFiniteGradient", "BackoffEvent"]
 
+# The core's stages 0, 1, 2: by name (stage()) and as PyTorch's OptState
+# (_per_optimizer_states).
 _STAGES = ("ready", "unscaled", "stepped")
+_OPT_STATES = (OptState.READY, OptState.UNSCALED, OptState.STEPPED)
 
 _CLOSURE_MESSAGE = (
     "GradScaler.step does not accept a closure while the scaler is enabled: the closure "
@@ -179,29 +183,110 @@ def _param_groups(optimizer) -> List[List[torch.Tensor]]:
     return [list(group["params"]) for group in optimizer.param_groups]
 
 
-def _takes_scale_and_flag(optimizer) -> bool:
-    """Whether ``optimizer`` follows PyTorch 2.x's protocol for scaler-aware optimizers
-    (reads ``self.grad_scale`` and ``self.found_inf`` in its step). An optimizer whose
-    step takes a ``grad_scaler`` argument instead follows the older one (PyTorch 1.13's
-    fused Adam), which calls private methods of torch's own scaler: this scaler then
-    unscales and skips for it like for any other optimizer, and its step runs on
-    gradients that are unscaled already."""
+def _protocol(optimizer) -> Optional[str]:
+    """Which of PyTorch's protocols for scaler-aware optimizers ``optimizer`` follows, if
+    it sets ``_step_supports_amp_scaling``: "flag" (PyTorch 2.x: its step reads
+    ``self.grad_scale`` and ``self.found_inf``) or "scaler" (the older one, deprecated by
+    PyTorch: its step takes a ``grad_scaler`` argument and asks the scaler itself); None
+    for any other optimizer."""
     if not getattr(optimizer, "_step_supports_amp_scaling", False):
-        return False
+        return None
     # Asked on every step: inspect.signature costs tens of microseconds, so the answer is
     # kept per optimizer class (the protocol is the class's).
     cls = type(optimizer)
-    takes = _PROTOCOL_BY_CLASS.get(cls)
-    if takes is None:
+    protocol = _PROTOCOL_BY_CLASS.get(cls)
+    if protocol is None:
         try:
-            takes = "grad_scaler" not in inspect.signature(optimizer.step).parameters
+            takes_scaler = "grad_scaler" in inspect.signature(optimizer.step).parameters
         except (TypeError, ValueError):
-            takes = True
-        _PROTOCOL_BY_CLASS[cls] = takes
-    return takes
+            takes_scaler = False
+        protocol = "scaler" if takes_scaler else "flag"
+        _PROTOCOL_BY_CLASS[cls] = protocol
+    return protocol
 
 
-_PROTOCOL_BY_CLASS: Dict[type, bool] = {}
+_PROTOCOL_BY_CLASS: Dict[type, str] = {}
+
+
+def _is_pytorch_fused(optimizer) -> bool:
+    """Whether ``optimizer`` is one of torch.optim's own optimizers built with
+    ``fused=True``, whose kernels write every gradient they unscale back to memory."""
+    return type(optimizer).__module__.startswith("torch.") and any(
+        group.get("fused") for group in optimizer.param_groups
+    )
+
+
+# PyTorch's words, so that a warnings filter written for torch.amp.GradScaler matches.
+_PASSING_ITSELF_WARNING = (
+    "GradScaler is going to stop passing itself as a keyword argument to the passed "
+    "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+    "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly."
+)
+
+# torch.amp.GradScaler's private methods that its own public methods call and that a
+# subclass of it may override to change them. lucid_amp.GradScaler's methods run in the
+# C++ core and never call them, so an override would be silently ignored: a subclass
+# that defines one is refused when it is created.
+_PYTORCH_EXTENSION_POINTS = (
+    "_unscale_grads_",
+    "_maybe_opt_step",
+    "_lazy_init_scale_growth_tracker",
+    "_check_scale_growth_tracker",
+    "_get_growth_tracker",
+)
+
+_SUPPORTED_DEVICES = ("cuda", "cpu")
+
+
+def _device_type(device: Any) -> str:
+    """The device type of ``device`` (a str such as "cuda" or "cuda:1", or a torch.device),
+    or ValueError when it is none of the types lucid-amp has kernels for."""
+    if isinstance(device, torch.device):
+        kind = device.type
+    elif isinstance(device, str):
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            kind = device
+    else:
+        raise ValueError(
+            f"GradScaler: device must be a device type such as 'cuda' or 'cpu' (a str or a "
+            f"torch.device), got {device!r}. torch.cuda.amp.GradScaler's first argument "
+            "was init_scale: pass it by keyword (init_scale=...)."
+        )
+    if kind not in _SUPPORTED_DEVICES:
+        raise ValueError(
+            f"GradScaler: lucid-amp has no kernels for device {device!r}; supported devices "
+            "are 'cuda' (also 'cuda:N' or a torch.device of it) and 'cpu'."
+        )
+    return kind
+
+
+class _OptimizerStates(abc.Mapping):
+    """torch.amp.GradScaler's ``_per_optimizer_states``, read from the core: per id() of
+    an optimizer seen since the last update(), a new dict of its ``"stage"`` (an
+    ``OptState``) and its ``"found_inf_per_device"`` ({device: float32 0-dim flag}, empty
+    while ready). As PyTorch's defaultdict, an unknown id reads as ready; writing to a
+    dict it returns changes nothing in the scaler."""
+
+    def __init__(self, scaler: "GradScaler") -> None:
+        self._scaler = scaler
+
+    def __getitem__(self, key: int) -> Dict[str, Any]:
+        return self._scaler._optimizer_state(key)
+
+    def __iter__(self):
+        return iter(list(self._scaler._active))
+
+    def __len__(self) -> int:
+        return len(self._scaler._active)
+
+    # As a dict's: only the optimizers seen count as present (__getitem__ answers for any).
+    def __contains__(self, key: object) -> bool:
+        return key in self._scaler._active
+
+    def get(self, key: int, default: Any = None) -> Any:
+        return self[key] if key in self else default
 
 
 def _integer(name: str, value: Any) -> int:
@@ -214,7 +299,7 @@ def _integer(name: str, value: Any) -> int:
     return operator.index(value)
 
 
-class GradScaler:
+class GradScaler(torch.amp.GradScaler):
     """A drop-in for ``torch.amp.GradScaler`` on lucid-amp's C++ core.
 
     ``torch.amp.GradScaler(...)`` code keeps working when only the import changes::
@@ -229,8 +314,10 @@ class GradScaler:
             scaler.update()
 
     Args:
-        device: the device type the scaler is for ("cuda" or "cpu"). As PyTorch's, a
-            "cuda" scaler on a machine without CUDA warns and disables itself. The scale
+        device: the device type the scaler is for: "cuda" or "cpu", as a str ("cuda:1"
+            counts as "cuda") or a torch.device; any other type (xpu, mps, ...) raises
+            ValueError, as lucid-amp has no kernels for it. As PyTorch's, a "cuda" scaler
+            on a machine without CUDA warns and disables itself. The scale
             tensor itself lives on the device of the first tensor it meets.
         init_scale, growth_factor, backoff_factor, growth_interval, enabled: as
             ``torch.amp.GradScaler``.
@@ -253,6 +340,13 @@ class GradScaler:
 
     Differences from PyTorch, all on misuse: invalid options and float16 gradients raise
     ValueError, complex gradients NotImplementedError, before anything changes.
+
+    It is a ``torch.amp.GradScaler`` (``isinstance`` holds) whose state lives in the C++
+    core, not in PyTorch's attributes: the private attributes libraries read (``_scale``,
+    ``_growth_tracker``, ``_enabled``, ``_per_optimizer_states``, ...) are read-only views
+    of the core with PyTorch's meaning, and a subclass that overrides one of PyTorch's
+    private methods that this class never calls (``_unscale_grads_``, ...) is refused
+    with TypeError when it is created.
     """
 
     def __init__(
@@ -273,7 +367,7 @@ class GradScaler:
         max_overflow_streak: int = 0,
         strict_inf_checks: bool = False,
     ) -> None:
-        self._device = str(torch.device(device).type) if not isinstance(device, str) else device
+        self._device = _device_type(device)
         # PyTorch's test and PyTorch's words, so that a warnings filter written for
         # torch.amp.GradScaler matches this one too.
         if (enabled and self._device == "cuda"
@@ -298,9 +392,16 @@ class GradScaler:
             _integer("max_overflow_streak", max_overflow_streak),
             bool(strict_inf_checks),
         )
-        # id()s of the optimizers seen since the last update(); pickling is refused while
-        # any is in an iteration, as PyTorch's.
-        self._active: Dict[int, None] = {}
+        self._forget_iteration()
+
+    def _forget_iteration(self) -> None:
+        # The optimizers seen since the last update(), by id(): pickling is refused while
+        # any is in an iteration, as PyTorch's, and _per_optimizer_states lists them.
+        self._active: Dict[int, Any] = {}
+        # Overflow flags the core handed over in this iteration, by id() of the optimizer.
+        self._flags: Dict[int, torch.Tensor] = {}
+        # id()s of the optimizers whose step() runs now with grad_scaler=self.
+        self._passing_itself: Dict[int, None] = {}
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -324,7 +425,7 @@ class GradScaler:
             return
         key = id(optimizer)
         self._core.unscale_(key, _param_groups(optimizer))
-        self._active[key] = None
+        self._active[key] = optimizer
 
     def clip_grad_norm_(
         self, optimizer: torch.optim.Optimizer, max_norm: float, norm_type: float = 2.0
@@ -343,9 +444,9 @@ class GradScaler:
         key = id(optimizer)
         norm = self._core.clip_grad_norm_(
             key, _param_groups(optimizer), float(max_norm), float(norm_type),
-            _takes_scale_and_flag(optimizer),
+            _protocol(optimizer) == "flag",
         )
-        self._active[key] = None
+        self._active[key] = optimizer
         return norm
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
@@ -356,32 +457,49 @@ class GradScaler:
         An optimizer with ``_step_supports_amp_scaling`` (PyTorch's fused optimizers,
         lucid_amp.optim's) gets the overflow flag as ``optimizer.found_inf`` and skips on
         the device; step returns its value as PyTorch's GradScaler does, without waiting
-        for the device. lucid_amp.optim's (``_unscales_without_writing``) also get the
-        scale as ``optimizer.grad_scale`` and unscale as they read, so the scaler's pass
-        only checks; any other such optimizer gets gradients unscaled by the scaler's
-        pass (PyTorch's fused kernels would write them back unscaled, a slower step).
+        for the device. It also gets the scale as ``optimizer.grad_scale`` (times a
+        ``grad_scale`` set on it before step(), as PyTorch's) and unscales as it reads, so
+        the scaler's pass only checks; torch.optim's own fused optimizers instead get their
+        gradients unscaled by the scaler's pass (their kernels would write them back
+        unscaled, a slower step) and only a preset ``grad_scale``. Both are removed after
+        the step. An optimizer whose step takes ``grad_scaler`` (PyTorch's older protocol)
+        gets PyTorch's FutureWarning and ``grad_scaler=self``, and unscales or checks
+        through unscale_ or _check_inf_per_device itself.
         """
         if not self._core.is_enabled():
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs or (args and callable(args[0])):
             raise RuntimeError(_CLOSURE_MESSAGE)
         key = id(optimizer)
+        protocol = _protocol(optimizer)
+        if protocol == "scaler":
+            warnings.warn(_PASSING_ITSELF_WARNING, FutureWarning, stacklevel=2)
+            return self._step_passing_itself(optimizer, args, kwargs)
         result = []
 
         def run_step():
             result.append(optimizer.step(*args, **kwargs))
 
-        if not _takes_scale_and_flag(optimizer):
+        if protocol is None:
             ran = self._core.step(key, _param_groups(optimizer), run_step, None)
-            self._active[key] = None
+            self._active[key] = optimizer
             return result[0] if ran and result else None
 
+        # A grad_scale the caller set on the optimizer before step() multiplies the
+        # scaler's, as PyTorch's scaler does: the optimizer divides by both.
+        preset = optimizer.__dict__.get("grad_scale")
+
         def hand_off(scale, found_inf):
-            optimizer.grad_scale = scale
+            if scale is None:
+                optimizer.grad_scale = preset
+            else:
+                optimizer.grad_scale = scale if preset is None else scale * preset
             optimizer.found_inf = found_inf
+            if found_inf is not None:
+                self._flags[key] = found_inf
 
         groups = _param_groups(optimizer)
-        if (not getattr(optimizer, "_unscales_without_writing", False) and self._core.stage(key) == 0
+        if (_is_pytorch_fused(optimizer) and self._core.stage(key) == 0
                 and self._core.scale_tensor() is not None):
             # PyTorch's fused kernels write a gradient they unscale back to memory: one
             # read-write pass here (unscaling and checking) then costs less than a check
@@ -391,11 +509,48 @@ class GradScaler:
         try:
             self._core.step(key, groups, run_step, hand_off)
         finally:
+            # Removed after the step, the preset too, as PyTorch's scaler leaves it.
             for name in ("grad_scale", "found_inf"):
                 if name in optimizer.__dict__:
                     delattr(optimizer, name)
-        self._active[key] = None
+        self._active[key] = optimizer
         return result[0] if result else None
+
+    def _step_passing_itself(self, optimizer, args, kwargs):
+        """step() for an optimizer of PyTorch's older protocol: it runs its step with
+        ``grad_scaler=self`` and unscales or checks its gradients itself, through unscale_,
+        _get_scale_async and _check_inf_per_device, as with PyTorch's scaler. A check it
+        did not ask for is made after its step, so that update() sees its gradients."""
+        key = id(optimizer)
+        if self._core.scale_tensor() is None or self._core.stage(key) == 2:
+            # The core raises its error for a step before scale() or a second step.
+            self._core.step(key, _param_groups(optimizer), lambda: None, lambda *_: None)
+        self._active[key] = optimizer
+        self._passing_itself[key] = None
+        try:
+            result = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+        finally:
+            del self._passing_itself[key]
+        if self._core.stage(key) != 2:
+            self._record_check(optimizer)
+        return result
+
+    def _record_check(self, optimizer) -> torch.Tensor:
+        """Checks ``optimizer``'s gradients in the core (as unscaled already when it is
+        in the unscaled stage), keeps the flag and puts the optimizer in the stepped stage."""
+        key = id(optimizer)
+
+        def keep(scale, found_inf):
+            if found_inf is not None:
+                self._flags[key] = found_inf
+
+        self._core.step(key, _param_groups(optimizer), lambda: None, keep)
+        self._active[key] = optimizer
+        flag = self._flags.get(key)
+        if flag is None:
+            flag = torch.zeros((), dtype=torch.float32, device=self._core.scale_tensor().device)
+            self._flags[key] = flag
+        return flag
 
     def update(self, new_scale: Union[None, float, torch.Tensor] = None) -> None:
         """Backs off or grows the scale (or sets ``new_scale``, a float or a 1-element
@@ -411,7 +566,7 @@ class GradScaler:
             else:
                 new_scale = float(new_scale)
         self._core.update(new_scale)
-        self._active.clear()
+        self._forget_iteration()
 
     # ---- queries and settings, as torch.amp.GradScaler -------------------------------------
 
@@ -534,7 +689,139 @@ class GradScaler:
         self._core = _C._GradScaler(**state["options"])
         if state["archive"] is not None:
             self._core.load_bytes(state["archive"])
-        self._active = {}
+        self._forget_iteration()
+
+    # ---- torch.amp.GradScaler's private attributes, for libraries that read them ----------
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        overridden = [name for name in _PYTORCH_EXTENSION_POINTS if name in cls.__dict__]
+        if overridden:
+            raise TypeError(
+                f"{cls.__qualname__} overrides {', '.join(overridden)} of torch.amp.GradScaler. "
+                "lucid_amp.GradScaler runs its scaling in lucid-amp's C++ core and never calls "
+                "these methods, so the override would be ignored. Subclass "
+                "torch.amp.GradScaler instead, or override the public methods "
+                "(scale, unscale_, step, update)."
+            )
+
+    @property
+    def _enabled(self) -> bool:
+        return self._core.is_enabled()
+
+    @property
+    def _scale(self) -> Optional[torch.Tensor]:
+        """The scale as a float32 0-dim tensor; None before the first scale()."""
+        return self._core.scale_tensor()
+
+    @property
+    def _growth_tracker(self) -> Optional[torch.Tensor]:
+        """Consecutive clean updates, an int32 0-dim tensor beside the scale (a copy: the
+        core's own tracker is not a tensor); None before the first scale()."""
+        scale = self._core.scale_tensor()
+        if scale is None:
+            return None
+        return torch.full((), self._get_growth_tracker(), dtype=torch.int32, device=scale.device)
+
+    @property
+    def _init_scale(self) -> float:
+        """The scale the scale tensor starts from: the loaded one after load_state_dict
+        before any scale(), as PyTorch's."""
+        if self._core.is_enabled() and self._core.scale_tensor() is None:
+            return self._core.get_scale()
+        return self._core.options()["init_scale"]
+
+    @property
+    def _init_growth_tracker(self) -> int:
+        return self._get_growth_tracker()
+
+    @property
+    def _growth_factor(self) -> float:
+        return self.get_growth_factor()
+
+    @property
+    def _backoff_factor(self) -> float:
+        return self.get_backoff_factor()
+
+    @property
+    def _growth_interval(self) -> int:
+        return self.get_growth_interval()
+
+    @property
+    def _per_optimizer_states(self) -> _OptimizerStates:
+        return _OptimizerStates(self)
+
+    def _optimizer_state(self, key: int) -> Dict[str, Any]:
+        if not isinstance(key, int):
+            return {"stage": OptState.READY, "found_inf_per_device": {}}
+        stage = _OPT_STATES[self._core.stage(key)]
+        found: Dict[torch.device, torch.Tensor] = {}
+        if stage is not OptState.READY:
+            flag = self._flags.get(key)
+            optimizer = self._active.get(key)
+            if flag is None and optimizer is not None:
+                scale = self._core.scale_tensor()
+                flag = torch.full(
+                    (), float(self._core.overflowed(key, _param_groups(optimizer))),
+                    dtype=torch.float32, device=scale.device,
+                )
+            if flag is not None:
+                found[flag.device] = flag
+        return {"stage": stage, "found_inf_per_device": found}
+
+    def _get_scale_async(self) -> Optional[torch.Tensor]:
+        """The scale tensor, without reading it back (None before the first scale())."""
+        return self._core.scale_tensor()
+
+    def _get_growth_tracker(self) -> int:
+        if not self._core.is_enabled():
+            return 0
+        return int(self._core.state_dict()["growth_tracker"])
+
+    def _check_scale_growth_tracker(self, funcname: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._core.scale_tensor() is None:
+            raise AssertionError(
+                f"Attempted {funcname} but _scale is None.  This may indicate your script did "
+                "not use scaler.scale(loss or outputs) earlier in the iteration."
+            )
+        return self._scale, self._growth_tracker
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[torch.device, torch.Tensor]:
+        """Checks ``optimizer``'s gradients for inf/NaN without unscaling them; returns
+        {device: float32 flag}. Asked by an optimizer from the step() that passes it this
+        scaler, the check is that step's and update() sees it; asked at any other time,
+        it only reports and the core records nothing."""
+        if id(optimizer) in self._passing_itself:
+            flag = self._record_check(optimizer)
+            return {flag.device: flag}
+        found: Dict[torch.device, torch.Tensor] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.coalesce()._values() if p.grad.is_sparse else p.grad
+                bad = (~torch.isfinite(grad)).any().to(torch.float32)
+                device = grad.device
+                found[device] = torch.maximum(found[device], bad) if device in found else bad
+        return found
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> Dict[torch.device, torch.Tensor]:
+        return self._optimizer_state(id(optimizer))["found_inf_per_device"]
+
+    def _unscale_grads_(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "lucid_amp.GradScaler unscales in lucid-amp's C++ core; call unscale_(optimizer)."
+        )
+
+    def _maybe_opt_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "lucid_amp.GradScaler steps in lucid-amp's C++ core; call step(optimizer)."
+        )
+
+    def _lazy_init_scale_growth_tracker(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "lucid_amp.GradScaler creates its scale in lucid-amp's C++ core at the first scale()."
+        )
 
     # ---- lucid-amp's extras ------------------------------------------------------------------
 

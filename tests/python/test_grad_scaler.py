@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from torch.amp.grad_scaler import OptState
 
 import lucid_amp
 
@@ -534,23 +535,19 @@ class ScalerAwareSGD(ProtocolSGD):
 
 
 @pytest.mark.parametrize("opt_cls", [ProtocolSGD, ScalerAwareSGD])
-def test_a_protocol_optimizer_gets_the_flag_and_the_scale_only_if_it_unscales_as_it_reads(
-        scaler, opt_cls):
-    """ProtocolSGD is like PyTorch's fused optimizers, which would write unscaled gradients
-    back: the scaler's pass unscales, and the optimizer gets no scale, only the flag.
-    ScalerAwareSGD gets the scale and the flag and unscales itself: the scaler only checks
-    the gradients, which stay scaled."""
-    given_scale = 1024.0 if opt_cls is ScalerAwareSGD else None
+def test_a_protocol_optimizer_gets_the_flag_and_the_scale_and_unscales_itself(scaler, opt_cls):
+    """Any optimizer of the protocol but torch.optim's own fused ones gets the scale and
+    the flag, as from PyTorch's scaler, and unscales itself: the scaler only checks the
+    gradients, which stay scaled."""
     model = make_model()
     opt = opt_cls(model.parameters(), lr=0.1)
     control = make_model()
     backward(scaler, model)
     scaled = grads(model)
     assert scaler.step(opt) == "ran"
-    assert opt.seen == [(given_scale, 0.0)]
+    assert opt.seen == [(1024.0, 0.0)]
     assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
-    left = scaled if opt_cls is ScalerAwareSGD else [g / 1024 for g in scaled]
-    assert same(grads(model), left)
+    assert same(grads(model), scaled)
     expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
     assert same(params(model), expect)
     scaler.update()
@@ -559,7 +556,7 @@ def test_a_protocol_optimizer_gets_the_flag_and_the_scale_only_if_it_unscales_as
     next(model.parameters()).grad.view(-1)[0] = math.inf
     p = params(model)
     assert scaler.step(opt) == "skipped-on-device"
-    assert opt.seen[-1] == (given_scale, 1.0)
+    assert opt.seen[-1] == (1024.0, 1.0)
     assert scaler.step_skipped(opt) and same(params(model), p)
     scaler.update()
     assert scaler.get_scale() == 512.0
@@ -586,22 +583,30 @@ def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overf
 
 
 class OldProtocolSGD(torch.optim.SGD):
-    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument."""
+    """PyTorch 1.13's protocol: _step_supports_amp_scaling and a grad_scaler argument; its
+    step unscales through the scaler it is given, as PyTorch 1.13's fused Adam did."""
 
     _step_supports_amp_scaling = True
 
     def step(self, closure=None, *, grad_scaler=None):
-        assert grad_scaler is None
-        assert not hasattr(self, "grad_scale")
+        assert isinstance(grad_scaler, torch.amp.GradScaler)
+        assert not hasattr(self, "grad_scale") and not hasattr(self, "found_inf")
+        if grad_scaler._per_optimizer_states[id(self)]["stage"] is OptState.READY:
+            grad_scaler.unscale_(self)
+        if sum(v.item() for v in grad_scaler._found_inf_per_device(self).values()):
+            return "skipped"
         return super().step(closure)
 
 
-def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
+@pytest.mark.parametrize("impl", [torch.amp.GradScaler, lucid_amp.GradScaler])
+def test_an_optimizer_of_the_older_protocol_is_passed_the_scaler_with_pytorchs_warning(impl):
     model, control = make_model(), make_model()
+    scaler = impl("cpu", init_scale=1024.0)
     opt = OldProtocolSGD(model.parameters(), lr=0.1)
     backward(scaler, model)
     scaled = grads(model)
-    scaler.step(opt)
+    with pytest.warns(FutureWarning, match="stop passing itself"):
+        scaler.step(opt)
     assert same(grads(model), [g / 1024 for g in scaled])
     expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
     assert same(params(model), expect)
@@ -610,8 +615,53 @@ def test_an_optimizer_of_the_older_protocol_gets_unscaled_gradients(scaler):
     backward(scaler, model)
     model[0].bias.grad[0] = math.inf
     p = params(model)
-    scaler.step(opt)
-    assert scaler.step_skipped(opt) and same(params(model), p)
+    with pytest.warns(FutureWarning):
+        assert scaler.step(opt) == "skipped"
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
+
+
+class CheckingOldProtocolSGD(torch.optim.SGD):
+    """The older protocol through _get_scale_async and _check_inf_per_device: checks
+    without unscaling and divides by the scale itself."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None, *, grad_scaler=None):
+        found = grad_scaler._check_inf_per_device(self)
+        if sum(v.item() for v in found.values()):
+            return "skipped"
+        scale = grad_scaler._get_scale_async()
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad.div_(scale)
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("impl", [torch.amp.GradScaler, lucid_amp.GradScaler])
+def test_an_optimizer_of_the_older_protocol_may_check_and_unscale_itself(impl):
+    model, control = make_model(), make_model()
+    scaler = impl("cpu", init_scale=1024.0)
+    opt = CheckingOldProtocolSGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    scaled = grads(model)
+    with pytest.warns(FutureWarning):
+        scaler.step(opt)
+    expect = [p.detach() - 0.1 * (g / 1024) for p, g in zip(control.parameters(), scaled)]
+    assert same(params(model), expect)
+    scaler.update()
+    assert scaler.get_scale() == 1024.0
+    opt.zero_grad()
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.nan
+    p = params(model)
+    with pytest.warns(FutureWarning):
+        assert scaler.step(opt) == "skipped"
+    assert same(params(model), p)
+    scaler.update()
+    assert scaler.get_scale() == 512.0
 
 
 def _has_cpu_fused_adam():
@@ -875,3 +925,164 @@ def test_python_facing_messages_carry_no_cpp_frames_or_names():
         for cpp in ("Exception raised from", "frame #", "c10::", "GradScalerOptions", "at::", "std::"):
             assert cpp not in text, f"{name}: {cpp!r} in {text!r}"
         assert text.strip(), name
+
+
+# ---- a torch.amp.GradScaler to libraries ------------------------------------------------------
+
+
+def test_it_is_a_torch_amp_grad_scaler_and_overrides_every_public_method():
+    scaler = lucid_amp.GradScaler("cpu")
+    assert isinstance(scaler, torch.amp.GradScaler)
+    assert isinstance(lucid_amp.ShardedGradScaler("cpu", process_group=None), torch.amp.GradScaler)
+    public = [n for n in vars(torch.amp.GradScaler) if not n.startswith("_") and callable(
+        getattr(torch.amp.GradScaler, n))]
+    assert public and all(n in vars(lucid_amp.GradScaler) for n in public), public
+
+
+def _same_run(kind):
+    """One iteration (clean) and one with an inf, stopping before the last update()."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = kind("cpu", init_scale=2.0**10, growth_interval=3)
+    views = [dict(scale=scaler._scale, tracker=scaler._growth_tracker, states=dict(scaler._per_optimizer_states))]
+    for it in range(2):
+        opt.zero_grad()
+        backward(scaler, model, batch=it)
+        if it == 1:
+            model[0].bias.grad[0] = math.inf
+        scaler.unscale_(opt)
+        state = scaler._per_optimizer_states[id(opt)]
+        views.append(dict(stage=state["stage"], found=[v.item() for v in state["found_inf_per_device"].values()],
+                          async_scale=scaler._get_scale_async().item()))
+        scaler.step(opt)
+        views.append(dict(stage=scaler._per_optimizer_states[id(opt)]["stage"],
+                          found=[v.item() for v in scaler._found_inf_per_device(opt).values()]))
+        scaler.update()
+        views.append(dict(scale=scaler._scale.item(), tracker=int(scaler._growth_tracker),
+                          gt=scaler._get_growth_tracker(), n=len(scaler._per_optimizer_states)))
+    views.append(dict(enabled=scaler._enabled, init=scaler._init_scale, gf=scaler._growth_factor,
+                      bf=scaler._backoff_factor, gi=scaler._growth_interval, device=scaler._device))
+    return views
+
+
+def test_private_attribute_views_read_as_pytorchs_on_the_same_run():
+    assert _same_run(lucid_amp.GradScaler) == _same_run(torch.amp.GradScaler)
+
+
+def test_private_attribute_views_are_read_only():
+    scaler = lucid_amp.GradScaler("cpu")
+    with pytest.raises(AttributeError):
+        scaler._scale = torch.tensor(1.0)
+    with pytest.raises(AttributeError):
+        scaler._enabled = False
+
+
+def test_check_inf_per_device_outside_a_step_reports_without_recording():
+    scaler = lucid_amp.GradScaler("cpu", init_scale=4.0)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    model[0].bias.grad[0] = math.nan
+    found = scaler._check_inf_per_device(opt)
+    assert [v.item() for v in found.values()] == [1.0]
+    assert scaler.stage(opt) == "ready"
+
+
+@pytest.mark.parametrize("name", ["_unscale_grads_", "_maybe_opt_step", "_lazy_init_scale_growth_tracker",
+                                  "_check_scale_growth_tracker", "_get_growth_tracker"])
+def test_a_subclass_overriding_pytorchs_unused_extension_points_is_refused(name):
+    with pytest.raises(TypeError, match=f"overrides {name}.*never calls"):
+        type("Mine", (lucid_amp.GradScaler,), {name: lambda self, *a, **k: None})
+    # Public methods may be overridden, and PyTorch's own class takes any override.
+    type("Mine", (lucid_amp.GradScaler,), {"step": lambda self, *a, **k: None})
+    type("Theirs", (torch.amp.GradScaler,), {name: lambda self, *a, **k: None})
+
+
+def test_pytorchs_unused_private_methods_raise_clearly():
+    scaler = lucid_amp.GradScaler("cpu")
+    for name in ("_unscale_grads_", "_maybe_opt_step", "_lazy_init_scale_growth_tracker"):
+        with pytest.raises(NotImplementedError, match="lucid-amp"):
+            getattr(scaler, name)(None)
+    with pytest.raises(AssertionError, match="_scale is None"):
+        scaler._check_scale_growth_tracker("step")
+
+
+@pytest.mark.parametrize("impl", [torch.amp.GradScaler, lucid_amp.GradScaler])
+def test_a_preset_grad_scale_multiplies_the_scale_and_is_removed_after_the_step(impl):
+    seen = []
+
+    class Spy(ProtocolSGD):
+        def step(self, closure=None):
+            seen.append(self.grad_scale.item())
+            return super().step(closure)
+
+    model = make_model()
+    opt = Spy(model.parameters(), lr=0.1)
+    scaler = impl("cpu", init_scale=1024.0)
+    backward(scaler, model)
+    opt.grad_scale = torch.tensor(3.0)
+    scaler.step(opt)
+    assert seen == [3072.0]
+    assert "grad_scale" not in vars(opt) and "found_inf" not in vars(opt)
+
+
+def test_after_unscale_a_preset_grad_scale_is_handed_alone():
+    seen = []
+
+    class Spy(ProtocolSGD):
+        def step(self, closure=None):
+            seen.append(self.grad_scale.item())
+
+    for impl in (torch.amp.GradScaler, lucid_amp.GradScaler):
+        model = make_model()
+        opt = Spy(model.parameters(), lr=0.1)
+        scaler = impl("cpu", init_scale=1024.0)
+        backward(scaler, model)
+        scaler.unscale_(opt)
+        opt.grad_scale = torch.tensor(3.0)
+        scaler.step(opt)
+    assert seen == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "cuda", "cuda:1", torch.device("cuda", 0)])
+def test_device_strings_and_torch_devices_are_taken(device):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = lucid_amp.GradScaler(device)
+    assert scaler._device == torch.device(device).type
+    if scaler._device == "cpu":
+        assert scaler.is_enabled()
+
+
+@pytest.mark.parametrize("device", ["xpu", "mps", "meta", "not-a-device", 65536.0])
+def test_devices_without_kernels_are_refused_at_construction(device):
+    with pytest.raises(ValueError, match="'cuda'.*'cpu'"):
+        lucid_amp.GradScaler(device)
+
+
+def test_torch_cuda_amp_style_construction_by_keyword():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scaler = lucid_amp.GradScaler(init_scale=8.0, growth_interval=3)
+    assert scaler._device == "cuda"
+    with pytest.raises(ValueError, match="init_scale"):
+        lucid_amp.GradScaler(8.0)
+
+
+@pytest.mark.parametrize("call", ["unscale_", "clip_grad_norm_"])
+def test_unscale_and_clipping_put_the_optimizer_in_the_iteration_as_step_does(scaler, call):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    backward(scaler, model)
+    if call == "unscale_":
+        scaler.unscale_(opt)
+    else:
+        scaler.clip_grad_norm_(opt, 1.0)
+    states = scaler._per_optimizer_states
+    assert list(states) == [id(opt)] and id(opt) in states and states.get(id(opt)) is not None
+    assert 1 not in states and states.get(1) is None and states[1]["stage"] is OptState.READY
+    with pytest.raises(RuntimeError, match="may only be pickled"):
+        pickle.dumps(scaler)
+    scaler.step(opt)
+    scaler.update()
+    pickle.dumps(scaler)
