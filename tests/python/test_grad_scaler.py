@@ -527,20 +527,12 @@ class ProtocolSGD(torch.optim.Optimizer):
         return "ran"
 
 
-class ScalerAwareSGD(ProtocolSGD):
-    """ProtocolSGD that says it unscales as it reads, leaving the gradients as they are
-    (as lucid_amp.optim's do): the scaler hands it the scale."""
-
-    _unscales_without_writing = True
-
-
-@pytest.mark.parametrize("opt_cls", [ProtocolSGD, ScalerAwareSGD])
-def test_a_protocol_optimizer_gets_the_flag_and_the_scale_and_unscales_itself(scaler, opt_cls):
+def test_a_protocol_optimizer_gets_the_flag_and_the_scale_and_unscales_itself(scaler):
     """Any optimizer of the protocol but torch.optim's own fused ones gets the scale and
     the flag, as from PyTorch's scaler, and unscales itself: the scaler only checks the
     gradients, which stay scaled."""
     model = make_model()
-    opt = opt_cls(model.parameters(), lr=0.1)
+    opt = ProtocolSGD(model.parameters(), lr=0.1)
     control = make_model()
     backward(scaler, model)
     scaled = grads(model)
@@ -562,9 +554,9 @@ def test_a_protocol_optimizer_gets_the_flag_and_the_scale_and_unscales_itself(sc
     assert scaler.get_scale() == 512.0
 
 
-def test_a_scaler_aware_optimizer_after_unscale_gets_no_scale_and_skips_on_overflow(scaler):
+def test_a_protocol_optimizer_after_unscale_gets_no_scale_and_skips_on_overflow(scaler):
     model = make_model()
-    opt = ScalerAwareSGD(model.parameters(), lr=0.1)
+    opt = ProtocolSGD(model.parameters(), lr=0.1)
     backward(scaler, model)
     scaler.unscale_(opt)
     scaler.step(opt)

@@ -152,9 +152,6 @@ class FusedAdam(_CachedListsMixin, torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True
-    # grad_scale is applied as the kernel reads each gradient, which stays in memory as
-    # it was: GradScaler then needs only a read-only check (lucid_amp.GradScaler.step)
-    _unscales_without_writing = True
     _decoupled_weight_decay = False
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
@@ -240,7 +237,6 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True
-    _unscales_without_writing = True
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False) -> None:
