@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import OverflowAgreement
+from ._dynamo import opaque_to_dynamo
 from .grad_scaler import GradScaler, _map_tensors
 
 __all__ = ["ShardedGradScaler"]
@@ -90,3 +91,8 @@ class ShardedGradScaler(GradScaler):
         # processes); an unpickled scaler agrees over the default group.
         super().__setstate__(state)
         self._bind(dist.group.WORLD)
+
+
+# Its own methods are one opaque call each under torch.compile, as GradScaler's are (the
+# inherited ones are wrapped already): _dynamo.opaque_to_dynamo says why.
+opaque_to_dynamo(ShardedGradScaler)

@@ -19,6 +19,7 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from .. import _C
+from .._dynamo import opaque_to_dynamo
 
 __all__ = ["FusedAdam", "FusedAdamW", "FusedSGD"]
 
@@ -294,3 +295,10 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
         if momentum:
             return ["momentum_buffer", "step"], [buffers, steps]
         return ["step"], [steps]
+
+
+# step() is one opaque call under torch.compile, as the kernels of PyTorch's fused
+# optimizers are (PyTorch wraps them with torch.compiler.disable); FusedAdamW inherits
+# FusedAdam's. _dynamo.opaque_to_dynamo says why.
+opaque_to_dynamo(FusedAdam)
+opaque_to_dynamo(FusedSGD)
