@@ -99,13 +99,24 @@ def test_compiled_step_breaks_no_more_and_trains_alike(device, opt_name, backend
     losses, trace, params, breaks = _train(lucid_amp.GradScaler, device, opt_name, backend)
 
     assert breaks <= ref_breaks, f"lucid_amp: {breaks} graph breaks, torch.amp.GradScaler: {ref_breaks}"
-    # Exactly equal: both runs compile the same graphs over the same data, and the two
-    # scalers give the same scales, skip decisions and unscaled gradients bit for bit
-    # (test_parity.py), so every kernel sees the same inputs.
-    assert torch.equal(losses, ref_losses)
+    # The scales and skip decisions are equal exactly: the two scalers decide alike bit for
+    # bit (test_parity.py) on the same gradients.
     assert trace == ref_trace
+    if backend == "aot_eager":
+        # Exactly equal: AOTAutograd's graphs run PyTorch's eager kernels, so the model's
+        # graphs, and the optimizer's step that Dynamo compiles under torch's scaler (it
+        # skips only the scaler's own frames; lucid_amp's step runs the optimizer
+        # eagerly), compute what eager code computes.
+        tolerance = dict(rtol=0, atol=0)
+    else:
+        # Inductor generates its own code for the optimizer's update that it compiles
+        # under torch's scaler, which may round the last bit otherwise than the eager
+        # update under lucid_amp's (a few float32 ulps after five steps); the later
+        # losses may show it too.
+        tolerance = dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses, ref_losses, **tolerance)
     for a, b in zip(params, ref_params):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, **tolerance)
     # The injected overflow skipped exactly its step and backed the scale off.
     assert [unchanged for _, unchanged in trace] == [i == OVERFLOW_AT for i in range(STEPS)]
     assert trace[OVERFLOW_AT][0] == trace[OVERFLOW_AT - 1][0] * 0.5
