@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 
 import lucid_amp
 import lucid_amp.optim
+from test_sharded_grad_scaler import world_of_one  # noqa: F401 (a fixture)
 
 DEVICES = [
     "cpu",
@@ -121,6 +122,23 @@ def test_compiled_step_breaks_no_more_and_trains_alike(device, opt_name, backend
     assert [unchanged for _, unchanged in trace] == [i == OVERFLOW_AT for i in range(STEPS)]
     assert trace[OVERFLOW_AT][0] == trace[OVERFLOW_AT - 1][0] * 0.5
     assert torch.isfinite(losses).all()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_sharded_scaler_compiled_step_breaks_no_more_and_trains_alike():
+    """FSDP1's scaler, whose overflow flag is all-reduced over a group (here a Gloo group
+    of this process alone), against PyTorch's; its scale() is its own method."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    ref_losses, ref_trace, ref_params, ref_breaks = _train(ShardedGradScaler, "cpu", "sgd", "aot_eager")
+    losses, trace, params, breaks = _train(lucid_amp.ShardedGradScaler, "cpu", "sgd", "aot_eager")
+
+    assert breaks <= ref_breaks, f"lucid_amp: {breaks} graph breaks, PyTorch's: {ref_breaks}"
+    assert trace == ref_trace
+    assert [unchanged for _, unchanged in trace] == [i == OVERFLOW_AT for i in range(STEPS)]
+    assert torch.equal(losses, ref_losses)
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)
 
 
 def test_every_public_method_is_one_opaque_call():
