@@ -50,14 +50,20 @@ def _fresh_accelerate_state():
     GradientState._reset_state()
 
 
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+# Every run starts from these weights and sees this data, in this order.
+INITIAL = _model().state_dict()
+DATA = torch.utils.data.TensorDataset(torch.randn(STEPS * 8, 8), torch.randn(STEPS * 8, 4))
+
+
 def _parts():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = _model()
+    model.load_state_dict(INITIAL)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(STEPS * 8, 8, generator=g), torch.randn(STEPS * 8, 4, generator=g)
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
-    return model, optimizer, data
+    return model, optimizer, torch.utils.data.DataLoader(DATA, batch_size=8)
 
 
 def _fp16_accelerator(device, lucid):

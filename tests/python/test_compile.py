@@ -44,14 +44,22 @@ def _autocast_dtype(device):
     return torch.float16 if device == "cuda" else torch.bfloat16
 
 
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+# Both runs of a comparison start from these weights and see this data.
+INITIAL = _model().state_dict()
+DATA = [(torch.randn(16, 8), torch.randn(16, 4)) for _ in range(STEPS)]
+
+
 def _train(scaler_cls, device, opt_name, backend):
     """STEPS compiled training steps, the gradients poisoned with inf at OVERFLOW_AT;
     returns the losses, per step (scale after update, whether the parameters stayed as
     they were), the final parameters and the count of Dynamo's graph breaks."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
-    ).to(device)
+    model = _model()
+    model.load_state_dict(INITIAL)
+    model.to(device)
     optimizer = OPTIMIZERS[opt_name](model.parameters())
     scaler = scaler_cls(device, init_scale=2.0**10, growth_interval=2)
     dtype = _autocast_dtype(device)
@@ -71,10 +79,9 @@ def _train(scaler_cls, device, opt_name, backend):
     compiled = torch.compile(train_step, backend=backend)
     torch._dynamo.reset()
     counters.clear()
-    data = [(torch.randn(16, 8, device=device), torch.randn(16, 4, device=device))
-            for _ in range(STEPS)]
     losses, trace = [], []
-    for i, (x, y) in enumerate(data):
+    for i, (x, y) in enumerate(DATA):
+        x, y = x.to(device), y.to(device)
         poison = torch.tensor(float("inf") if i == OVERFLOW_AT else 1.0, device=device)
         before = [p.detach().clone() for p in model.parameters()]
         losses.append(compiled(x, y, poison))

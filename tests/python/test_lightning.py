@@ -34,11 +34,20 @@ OVERFLOW_AT = 2  # the global step whose gradients get an inf
 SCALER_OPTIONS = dict(init_scale=2.0**10, growth_interval=2)
 
 
+def _net():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+# Every run starts from these weights and sees this data, in this order.
+INITIAL = _net().state_dict()
+DATA = torch.utils.data.TensorDataset(torch.randn(BATCHES * 8, 8), torch.randn(BATCHES * 8, 4))
+
+
 class Tiny(L.LightningModule):
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        self.net = _net()
+        self.net.load_state_dict(INITIAL)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -54,9 +63,7 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
     def train_dataloader(self):
-        g = torch.Generator().manual_seed(1)
-        x, y = torch.randn(BATCHES * 8, 8, generator=g), torch.randn(BATCHES * 8, 4, generator=g)
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+        return torch.utils.data.DataLoader(DATA, batch_size=8)
 
 
 class Trace(L.Callback):
