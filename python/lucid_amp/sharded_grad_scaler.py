@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from .distributed import OverflowAgreement
-from ._dynamo import opaque_to_dynamo
 from .grad_scaler import GradScaler, _map_tensors
 
 __all__ = ["ShardedGradScaler"]
@@ -95,4 +94,6 @@ class ShardedGradScaler(GradScaler):
 
 # Its own methods are one opaque call each under torch.compile, as GradScaler's are (the
 # inherited ones are wrapped already): _dynamo.opaque_to_dynamo says why.
+from ._dynamo import opaque_to_dynamo  # noqa: E402
+
 opaque_to_dynamo(ShardedGradScaler)

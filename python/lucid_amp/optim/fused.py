@@ -19,7 +19,6 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from .. import _C
-from .._dynamo import opaque_to_dynamo
 
 __all__ = ["FusedAdam", "FusedAdamW", "FusedSGD"]
 
@@ -300,5 +299,7 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
 # step() is one opaque call under torch.compile, as the kernels of PyTorch's fused
 # optimizers are (PyTorch wraps them with torch.compiler.disable); FusedAdamW inherits
 # FusedAdam's. _dynamo.opaque_to_dynamo says why.
+from .._dynamo import opaque_to_dynamo  # noqa: E402
+
 opaque_to_dynamo(FusedAdam)
 opaque_to_dynamo(FusedSGD)
