@@ -893,3 +893,10 @@ class GradScaler(torch.amp.GradScaler):
     def stage(self, optimizer: torch.optim.Optimizer) -> str:
         """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""
         return _STAGES[self._core.stage(id(optimizer))]
+
+
+# Each public method is one opaque call under torch.compile, as each method of
+# torch.amp.GradScaler is (Dynamo skips torch.amp): _dynamo.opaque_to_dynamo says why.
+from ._dynamo import opaque_to_dynamo  # noqa: E402
+
+opaque_to_dynamo(GradScaler)

@@ -90,3 +90,10 @@ class ShardedGradScaler(GradScaler):
         # processes); an unpickled scaler agrees over the default group.
         super().__setstate__(state)
         self._bind(dist.group.WORLD)
+
+
+# Its own methods are one opaque call each under torch.compile, as GradScaler's are (the
+# inherited ones are wrapped already): _dynamo.opaque_to_dynamo says why.
+from ._dynamo import opaque_to_dynamo  # noqa: E402
+
+opaque_to_dynamo(ShardedGradScaler)

@@ -290,3 +290,12 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
         if momentum:
             return ["momentum_buffer", "step"], [buffers, steps]
         return ["step"], [steps]
+
+
+# step() is one opaque call under torch.compile, as the kernels of PyTorch's fused
+# optimizers are (PyTorch wraps them with torch.compiler.disable); FusedAdamW inherits
+# FusedAdam's. _dynamo.opaque_to_dynamo says why.
+from .._dynamo import opaque_to_dynamo  # noqa: E402
+
+opaque_to_dynamo(FusedAdam)
+opaque_to_dynamo(FusedSGD)
