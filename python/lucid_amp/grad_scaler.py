@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, _dtensor
 
 __all__ = ["GradScaler", "ScalerCounters", "OverflowReport", "NonFiniteGradient", "BackoffEvent"]
 
@@ -149,6 +149,10 @@ def clip_grad_norm_(
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     parameters = list(parameters)
+    if any(_dtensor.is_dtensor(p.grad) for p in parameters):
+        # A DTensor's norm is taken over every rank's shard, with DTensor's collectives.
+        return torch.nn.utils.clip_grad_norm_(
+            parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     if foreach:
         from torch.utils._foreach_utils import _device_has_foreach_support
 
@@ -176,7 +180,9 @@ def _map_tensors(outputs, fn: Callable[[torch.Tensor], torch.Tensor]):
 
 
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
-    return [list(group["params"]) for group in optimizer.param_groups]
+    """The parameters the core is given: ``optimizer``'s, a DTensor one as the plain alias
+    of its local shard (lucid_amp._dtensor)."""
+    return _dtensor.local_param_groups([list(group["params"]) for group in optimizer.param_groups])
 
 
 def _takes_scale_and_flag(optimizer) -> bool:
@@ -314,6 +320,7 @@ class GradScaler:
             return outputs
         return _map_tensors(outputs, self._core.scale)
 
+    @_dtensor.agreeing
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides ``optimizer``'s gradients by the scale in place and records overflow.
 
@@ -340,6 +347,8 @@ class GradScaler:
             return clip_grad_norm_(
                 [p for g in optimizer.param_groups for p in g["params"]], max_norm, norm_type
             )
+        if _dtensor.has_dtensor_params(optimizer):
+            return _dtensor.clip_grad_norm_(self, optimizer, max_norm, norm_type)
         key = id(optimizer)
         norm = self._core.clip_grad_norm_(
             key, _param_groups(optimizer), float(max_norm), float(norm_type),
@@ -348,6 +357,7 @@ class GradScaler:
         self._active[key] = None
         return norm
 
+    @_dtensor.agreeing
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
         """Unscales if needed, then runs ``optimizer.step(*args, **kwargs)`` unless the
         gradients held inf/NaN. Returns what ``optimizer.step`` returned, or None when the
@@ -565,7 +575,7 @@ class GradScaler:
         """Names parameters for the overflow report, e.g.
         ``scaler.set_parameter_names(model.named_parameters())``. Held weakly."""
         for name, param in named_parameters:
-            self._core.set_parameter_name(param, prefix + name)
+            self._core.set_parameter_name(_dtensor.local_param(param), prefix + name)
 
     def set_backoff_callback(self, fn: Optional[Callable[[BackoffEvent], None]]) -> None:
         """``fn(event)`` is called on every backoff, after update() applied it; None
@@ -600,8 +610,10 @@ class GradScaler:
         the largest ``|g|`` for inf; float32 0-dim), both to be changed in place: a rank that
         owns a shard of the parameters combines them across ranks there, and clips by the
         norm of all of them. lucid_amp.distributed.bind_to_group uses it. ``fn=None``
-        removes both (a ``norm_fn`` alone raises ValueError)."""
+        removes both (a ``norm_fn`` alone raises ValueError). For an optimizer with DTensor
+        parameters, ``fn`` runs after the flag is agreed over the DTensors' meshes."""
         self._core.set_found_inf_hook(fn, norm_fn)
+        self._found_inf_hooks = (fn, norm_fn)
 
     def stage(self, optimizer: torch.optim.Optimizer) -> str:
         """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""lucid_amp.GradScaler on DTensor parameters against torch.amp.GradScaler("cpu"): FSDP2
+(fully_shard) models in Gloo groups of 2 processes, and HSDP and FSDP + tensor
+parallelism on 2 x 2 meshes of 4 processes (slow tier), trained step by step under both
+with an overflow in one rank's shard only and a NaN in another's; clipping (the scaler's
+and the free function) gives PyTorch's norm; a scaler checkpoint moves mid-run."""
+
+import math
+
+import gloo_ranks
+import pytest
+import torch
+import torch.distributed as dist
+
+import lucid_amp
+import lucid_amp.optim
+
+pytestmark = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()), reason="this PyTorch has no Gloo")
+
+FAST = "fsdp,fsdp_clip_resume,fsdp_free_clip_bound"
+SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip"
+
+
+def skips_expected(scenario, rank):
+    """The worker puts an inf into rank 1's shard at step 2 and a NaN into rank 0's at step
+    5. PyTorch's scaler agrees over the mesh dimensions a gradient is sharded on: every rank
+    of FSDP and of FSDP + TP (both dimensions sharded), but in HSDP only the ranks of one
+    replica (ranks 0 and 1: the shard dimension), not the replicate dimension."""
+    if scenario.startswith("hsdp") and rank >= 2:
+        return [False] * 8
+    return [step in (2, 5) for step in range(8)]
+
+
+def check(ranks, names):
+    for rank, scenarios in enumerate(ranks):
+        assert sorted(scenarios) == sorted(names.split(","))
+        for name, run in scenarios.items():
+            theirs, ours = run["torch"], run["lucid"]
+            where = f"rank {rank}, {name}"
+            assert theirs["skips"] == skips_expected(name, rank), where  # the reference agrees too
+            assert ours["skips"] == theirs["skips"], where
+            assert ours["scales"] == theirs["scales"], where
+            for step, (a, b) in enumerate(zip(ours["losses"], theirs["losses"])):
+                assert a == pytest.approx(b, rel=1e-5, abs=1e-6), f"{where}, loss at step {step}"
+            for step, (a, b) in enumerate(zip(ours["params"], theirs["params"])):
+                assert a == pytest.approx(b, rel=1e-5, abs=1e-6), f"{where}, parameters after step {step}"
+            for step, (a, b) in enumerate(zip(ours["norms"], theirs["norms"])):
+                if b is None:
+                    assert a is None, where
+                    continue
+                assert (a["type"], a["placements"]) == (b["type"], b["placements"]), where
+                if math.isfinite(b["value"]):
+                    assert a["value"] == pytest.approx(b["value"], rel=1e-5), f"{where}, norm at step {step}"
+                else:
+                    assert not math.isfinite(a["value"]), f"{where}, norm at step {step}"
+            if name.endswith("_bound"):
+                # The user's hook still runs, after the mesh agreement: once per step.
+                assert ours["all_reduces"] == 8, where
+
+
+def test_fsdp2_training_matches_pytorchs_scaler_step_by_step(tmp_path):
+    check(gloo_ranks.run_ranks("fsdp_worker.py", tmp_path, 2, FAST), FAST)
+
+
+@pytest.mark.slow
+def test_hsdp_and_fsdp_with_tensor_parallelism_match_pytorchs_scaler_step_by_step(tmp_path):
+    check(gloo_ranks.run_ranks("fsdp_worker.py", tmp_path, 4, SLOW), SLOW)
+
+
+@pytest.fixture
+def mesh_of_one(tmp_path):
+    """A Gloo group of this process alone and its 1-D mesh, removed after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield dist.device_mesh.init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("cls", ["FusedSGD", "FusedAdam", "FusedAdamW"])
+def test_fused_optimizers_refuse_dtensor_parameters_by_name(mesh_of_one, cls):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh_of_one, [Shard(0)]))
+    p.grad = distribute_tensor(torch.full((4,), 0.5), mesh_of_one, [Shard(0)])
+    opt = getattr(lucid_amp.optim, cls)([p], lr=0.1)
+    with pytest.raises(NotImplementedError, match=r"parameter 0.*DTensor.*torch\.optim"):
+        opt.step()
+    assert torch.equal(p.to_local(), torch.ones(4))
