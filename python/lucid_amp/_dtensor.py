@@ -16,6 +16,7 @@ Partial), and over no other ranks. On a Replicate dimension the ranks hold the s
 gradient and so reach the same flag already (HSDP's replicate dimension).
 """
 
+import weakref
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -37,11 +38,31 @@ def is_dtensor(t: Optional[torch.Tensor]) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
 
 
+# Per optimizer: (the identity and length of each group's parameter list, whether any
+# parameter is a DTensor). Asked on every call of the scaler: a walk over every parameter
+# costs tens of microseconds on a large model, a walk over the groups next to nothing. A
+# parameter swapped for another in place, in a list of the same length, is not seen; a
+# DTensor passed on unseen is refused by the core, by name, and nothing changes.
+_HAS_DTENSOR: "weakref.WeakKeyDictionary[object, tuple]" = weakref.WeakKeyDictionary()
+
+
 def has_dtensor_params(optimizer) -> bool:
     """Whether any parameter of ``optimizer`` is a DTensor."""
     if DTensor is None:
         return False
-    return any(isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
+    layout = tuple((id(group["params"]), len(group["params"])) for group in optimizer.param_groups)
+    try:
+        cached = _HAS_DTENSOR.get(optimizer)
+    except TypeError:  # an optimizer that cannot be referenced weakly
+        cached = None
+    if cached is not None and cached[0] == layout:
+        return cached[1]
+    has = any(isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
+    try:
+        _HAS_DTENSOR[optimizer] = (layout, has)
+    except TypeError:
+        pass
+    return has
 
 
 def local_param(param: torch.Tensor) -> torch.Tensor:
@@ -62,9 +83,10 @@ def local_param(param: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def local_param_groups(groups: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
-    """``groups`` with each DTensor parameter replaced by ``local_param``'s alias."""
-    if DTensor is None:
+def local_param_groups(optimizer, groups: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
+    """``groups`` (``optimizer``'s parameters) with each DTensor parameter replaced by
+    ``local_param``'s alias."""
+    if not has_dtensor_params(optimizer):
         return groups
     return [[local_param(p) if isinstance(p, DTensor) else p for p in group] for group in groups]
 
@@ -72,16 +94,18 @@ def local_param_groups(groups: List[List[torch.Tensor]]) -> List[List[torch.Tens
 def agreement_groups(optimizer) -> List["dist.ProcessGroup"]:
     """The process groups over which ``optimizer``'s overflow flag is agreed: one per mesh
     dimension on which a DTensor gradient is not Replicate, each once, in the order the
-    gradients first name them (the same on every rank of a model built alike)."""
+    gradients first name them (the same on every rank of a model built alike). A DTensor
+    parameter without a gradient counts by its own placements, so that a rank holding no
+    gradient still joins the same all-reduces as the others."""
     groups: List["dist.ProcessGroup"] = []
     seen = set()
     for group in optimizer.param_groups:
         for p in group["params"]:
-            grad = p.grad
-            if not is_dtensor(grad):
+            t = p.grad if is_dtensor(p.grad) else p
+            if not is_dtensor(t):
                 continue
-            mesh = grad.device_mesh
-            for dim, placement in enumerate(grad.placements):
+            mesh = t.device_mesh
+            for dim, placement in enumerate(t.placements):
                 if placement.is_replicate():
                     continue
                 pg = mesh.get_group(dim)

@@ -182,7 +182,8 @@ def _map_tensors(outputs, fn: Callable[[torch.Tensor], torch.Tensor]):
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
     """The parameters the core is given: ``optimizer``'s, a DTensor one as the plain alias
     of its local shard (lucid_amp._dtensor)."""
-    return _dtensor.local_param_groups([list(group["params"]) for group in optimizer.param_groups])
+    groups = [list(group["params"]) for group in optimizer.param_groups]
+    return _dtensor.local_param_groups(optimizer, groups)
 
 
 def _takes_scale_and_flag(optimizer) -> bool:

@@ -86,3 +86,35 @@ def test_fused_optimizers_refuse_dtensor_parameters_by_name(mesh_of_one, cls):
     with pytest.raises(NotImplementedError, match=r"parameter 0.*DTensor.*torch\.optim"):
         opt.step()
     assert torch.equal(p.to_local(), torch.ones(4))
+
+
+def test_the_flag_is_agreed_over_the_mesh_dimensions_a_gradient_is_sharded_on(mesh_of_one):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from lucid_amp import _dtensor
+
+    mesh = dist.device_mesh.init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate(), Shard(0)]))
+    q = torch.nn.Parameter(distribute_tensor(torch.ones(2), mesh, [Replicate(), Replicate()]))
+    opt = torch.optim.SGD([p, q], lr=0.1)
+    # Without gradients, the parameters' placements count (every rank joins alike).
+    assert _dtensor.agreement_groups(opt) == [mesh.get_group("shard")]
+    p.grad = distribute_tensor(torch.ones(4), mesh, [Replicate(), Shard(0)])
+    q.grad = distribute_tensor(torch.ones(2), mesh, [Replicate(), Replicate()])
+    assert _dtensor.agreement_groups(opt) == [mesh.get_group("shard")]
+
+
+def test_an_overflow_in_a_dtensor_gradient_is_reported_by_its_name(mesh_of_one):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh_of_one, [Shard(0)]))
+    scaler = lucid_amp.GradScaler("cpu", init_scale=4.0)
+    scaler.set_parameter_names([("layer.weight", p)])
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler.scale(torch.ones(()))
+    p.grad = distribute_tensor(torch.tensor([1.0, math.inf, 2.0, 3.0]), mesh_of_one, [Shard(0)])
+    assert scaler.step(opt) is None
+    scaler.update()
+    assert torch.equal(p.to_local(), torch.ones(4))
+    (grad,) = scaler.last_overflow().gradients
+    assert (grad.name, grad.inf_count, grad.numel) == ("layer.weight", 1, 4)
