@@ -16,6 +16,7 @@ Partial), and over no other ranks. On a Replicate dimension the ranks hold the s
 gradient and so reach the same flag already (HSDP's replicate dimension).
 """
 
+import functools
 import weakref
 from typing import Callable, List, Optional, Sequence
 
@@ -137,6 +138,7 @@ def agreeing(method):
     optimizer with DTensor parameters, the core's found-inf hook is, for that call, the
     mesh agreement followed by the user's hook, and the user's hooks are back after it."""
 
+    @functools.wraps(method)
     def call(self, optimizer, *args, **kwargs):
         if not has_dtensor_params(optimizer) or not self._core.is_enabled():
             return method(self, optimizer, *args, **kwargs)
@@ -147,11 +149,15 @@ def agreeing(method):
         finally:
             self._core.set_found_inf_hook(fn, norm_fn)
 
-    call.__name__ = method.__name__
-    call.__qualname__ = method.__qualname__
-    call.__doc__ = method.__doc__
-    call.__wrapped__ = method
     return call
+
+
+def check_clip_arguments(max_norm: float, norm_type: float) -> None:
+    """lucid-amp's ValueErrors for ``max_norm`` and ``norm_type`` (PyTorch's clipping takes
+    any), raised by the core's own check: clipping an empty list checks the arguments."""
+    from . import _C
+
+    _C.clip_grad_norm_([], float(max_norm), float(norm_type), False)
 
 
 def clip_grad_norm_(scaler, optimizer, max_norm: float, norm_type: float) -> torch.Tensor:
@@ -160,6 +166,7 @@ def clip_grad_norm_(scaler, optimizer, max_norm: float, norm_type: float) -> tor
     PyTorch's scaler is used with it. The norm is PyTorch's: a DTensor, computed with
     PyTorch's collectives and no others; a non-finite norm skips the step only where a
     gradient was inf or NaN (the flag), as with PyTorch's scaler."""
+    check_clip_arguments(max_norm, norm_type)
     scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)

@@ -151,6 +151,7 @@ def clip_grad_norm_(
     parameters = list(parameters)
     if any(_dtensor.is_dtensor(p.grad) for p in parameters):
         # A DTensor's norm is taken over every rank's shard, with DTensor's collectives.
+        _dtensor.check_clip_arguments(max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(
             parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     if foreach:

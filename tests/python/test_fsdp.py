@@ -118,3 +118,24 @@ def test_an_overflow_in_a_dtensor_gradient_is_reported_by_its_name(mesh_of_one):
     assert torch.equal(p.to_local(), torch.ones(4))
     (grad,) = scaler.last_overflow().gradients
     assert (grad.name, grad.inf_count, grad.numel) == ("layer.weight", 1, 4)
+
+
+def test_clipping_dtensor_gradients_gives_pytorchs_norm_and_lucid_amps_argument_checks(mesh_of_one):
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh_of_one, [Shard(0)]))
+    p.grad = distribute_tensor(torch.full((4,), 3.0), mesh_of_one, [Shard(0)])
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0)
+    scaler.scale(torch.ones(()))
+    for call in (lambda: lucid_amp.clip_grad_norm_([p], 0.0),
+                 lambda: scaler.clip_grad_norm_(opt, 1.0, norm_type=-1.0)):
+        with pytest.raises(ValueError, match="Nothing was clipped"):
+            call()
+    assert scaler.stage(opt) == "ready"
+    assert torch.equal(p.grad.to_local(), torch.full((4,), 3.0))
+    norm = scaler.clip_grad_norm_(opt, 1.0)  # of the unscaled gradient, 1.5 each
+    assert isinstance(norm, DTensor)
+    assert norm.full_tensor().item() == pytest.approx(3.0)
+    assert torch.allclose(p.grad.to_local(), torch.full((4,), 0.5))
+    assert scaler.stage(opt) == "unscaled"
