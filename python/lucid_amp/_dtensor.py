@@ -12,7 +12,8 @@ itself still steps the DTensor parameters (torch.optim handles DTensor).
 Overflow is agreed as PyTorch's scaler agrees it through DTensor's dispatch of
 ``_amp_foreach_non_finite_check_and_unscale_``: the flag is all-reduced (MAX) over the
 process group of each mesh dimension on which a gradient is not Replicate (Shard or
-Partial), and over no other ranks. On a Replicate dimension the ranks hold the same
+Partial), and over no other ranks; over a flattened mesh of those dimensions in one
+all-reduce where one was made, as DTensor's redistribution does. On a Replicate dimension the ranks hold the same
 gradient and so reach the same flag already (HSDP's replicate dimension).
 """
 
@@ -106,14 +107,28 @@ def agreement_groups(optimizer) -> List["dist.ProcessGroup"]:
             if not is_dtensor(t):
                 continue
             mesh = t.device_mesh
-            for dim, placement in enumerate(t.placements):
-                if placement.is_replicate():
-                    continue
-                pg = mesh.get_group(dim)
+            dims = tuple(d for d, placement in enumerate(t.placements) if not placement.is_replicate())
+            for pg in _dimension_groups(mesh, dims):
                 if id(pg) not in seen:
                     seen.add(id(pg))
                     groups.append(pg)
     return groups
+
+
+def _dimension_groups(mesh, dims) -> List["dist.ProcessGroup"]:
+    """The process groups of ``mesh``'s dimensions ``dims``: the group of a flattened mesh
+    of exactly those dimensions where the user made one (``mesh[dims]._flatten()``; one
+    all-reduce over it, as DTensor's redistribution then makes), else one per dimension."""
+    if len(dims) > 1:
+        try:
+            from torch.distributed.tensor._redistribute import _get_flattened_mesh_by_layout
+
+            flat = _get_flattened_mesh_by_layout(mesh, dims)
+        except (ImportError, AttributeError, RuntimeError):
+            flat = None
+        if flat is not None:
+            return [flat.get_group()]
+    return [mesh.get_group(d) for d in dims]
 
 
 class MeshAgreement:

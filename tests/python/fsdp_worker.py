@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 import lucid_amp
 import lucid_amp.distributed
@@ -31,7 +32,8 @@ RESUME_AT = 4
 
 # name: (layout, optimizer, clipping, resume, bind): layout "fsdp" (1-D mesh of the world),
 # "hsdp" (2 x 2: replicate x shard), "fsdp_tp" (2 x 2: fully_shard over dp, tensor
-# parallelism over tp); clipping None, "scaler" (scaler.clip_grad_norm_ for lucid-amp's)
+# parallelism over tp), "fsdp_tp_flat" (the same, with dp x tp flattened into one mesh, which
+# DTensor then all-reduces over in one collective); clipping None, "scaler" (scaler.clip_grad_norm_ for lucid-amp's)
 # or "free" (lucid_amp.clip_grad_norm_ after unscale_); bind: lucid-amp's scaler also
 # has lucid_amp.distributed's agreement over the world as its found-inf hook.
 SCENARIOS = {
@@ -42,6 +44,7 @@ SCENARIOS = {
     "hsdp_clip": ("hsdp", "adam", "scaler", False, False),
     "fsdp_tp": ("fsdp_tp", "sgd", None, False, False),
     "fsdp_tp_clip": ("fsdp_tp", "adam", "scaler", False, False),
+    "fsdp_tp_flat": ("fsdp_tp_flat", "adam", "scaler", False, False),
 }
 
 
@@ -102,7 +105,7 @@ def train(impl, scenario, rank, world):
     scaler = make("cpu", init_scale=2.0**10, growth_interval=3)
     agreement = lucid_amp.distributed.bind_to_group(scaler) if ours and bind else None
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
-    record = {"scales": [], "skips": [], "norms": [], "losses": [], "params": []}
+    record = {"scales": [], "skips": [], "norms": [], "losses": [], "params": [], "collectives": []}
     for step in range(STEPS):
         if resume and step == RESUME_AT:
             # The scaler's state (pickled, as torch.save does) moves into a new scaler.
@@ -122,14 +125,17 @@ def train(impl, scenario, rank, world):
             grads[0].view(-1)[-1] = math.nan
         before = local_flat(model)
         norm = None
-        if clip == "scaler" and ours:
-            norm = scaler.clip_grad_norm_(opt, 1.0)
-        elif clip is not None:
-            scaler.unscale_(opt)
-            clip_fn = lucid_amp.clip_grad_norm_ if ours else torch.nn.utils.clip_grad_norm_
-            norm = clip_fn(model.parameters(), 1.0)
-        scaler.step(opt)
+        # The collectives from the gradients to the step: the agreement and the clipping's.
+        with CommDebugMode() as comms:
+            if clip == "scaler" and ours:
+                norm = scaler.clip_grad_norm_(opt, 1.0)
+            elif clip is not None:
+                scaler.unscale_(opt)
+                clip_fn = lucid_amp.clip_grad_norm_ if ours else torch.nn.utils.clip_grad_norm_
+                norm = clip_fn(model.parameters(), 1.0)
+            scaler.step(opt)
         scaler.update()
+        record["collectives"].append(comms.get_total_counts())
         record["scales"].append(scaler.get_scale())
         record["skips"].append(bool(torch.equal(before, local_flat(model))))
         record["norms"].append(norm_record(norm))

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="this PyTorch has no Gloo")
 
 FAST = "fsdp,fsdp_clip_resume,fsdp_free_clip_bound"
-SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip"
+SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip,fsdp_tp_flat"
 
 
 def skips_expected(scenario, rank):
@@ -54,8 +54,11 @@ def check(ranks, names):
                     assert a["value"] == pytest.approx(b["value"], rel=1e-5), f"{where}, norm at step {step}"
                 else:
                     assert not math.isfinite(a["value"]), f"{where}, norm at step {step}"
-            if name.endswith("_bound"):
-                # The user's hook still runs, after the mesh agreement: once per step.
+            # The collectives between backward and the step's end: PyTorch's (the agreement
+            # and the clipping's), plus, where bound, the user's hook once per step.
+            bound = name.endswith("_bound")
+            assert ours["collectives"] == [n + bound for n in theirs["collectives"]], where
+            if bound:
                 assert ours["all_reduces"] == 8, where
 
 
