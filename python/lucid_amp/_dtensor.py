@@ -80,6 +80,13 @@ def local_param(param: torch.Tensor) -> torch.Tensor:
     alias = cached[1]
     grad = param.grad
     local_grad = None if grad is None else (grad._local_tensor if is_dtensor(grad) else grad)
+    if local_grad is not None and local_grad.shape != alias.shape:
+        # A gradient placed otherwise than its parameter (Replicate or Partial beside a
+        # Shard) has a local tensor of another size: it is handed over on an alias of its
+        # own, which the core checks and unscales alike (its name, if any, is not kept).
+        other = local_grad.detach()
+        other.grad = local_grad
+        return other
     if alias.grad is not local_grad:
         alias.grad = local_grad
     return alias

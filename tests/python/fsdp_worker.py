@@ -32,8 +32,9 @@ RESUME_AT = 4
 
 # name: (layout, optimizer, clipping, resume, bind): layout "fsdp" (1-D mesh of the world),
 # "hsdp" (2 x 2: replicate x shard), "fsdp_tp" (2 x 2: fully_shard over dp, tensor
-# parallelism over tp), "fsdp_tp_flat" (the same, with dp x tp flattened into one mesh, which
-# DTensor then all-reduces over in one collective); clipping None, "scaler" (scaler.clip_grad_norm_ for lucid-amp's)
+# parallelism over tp), "flat_mesh" (no model: one parameter sharded on both dimensions of a
+# 2 x 2 mesh that is also flattened into one, over which DTensor then all-reduces in one
+# collective; "flat_mesh_other_grad": its gradient placed otherwise than it); clipping None, "scaler" (scaler.clip_grad_norm_ for lucid-amp's)
 # or "free" (lucid_amp.clip_grad_norm_ after unscale_); bind: lucid-amp's scaler also
 # has lucid_amp.distributed's agreement over the world as its found-inf hook.
 SCENARIOS = {
@@ -44,7 +45,8 @@ SCENARIOS = {
     "hsdp_clip": ("hsdp", "adam", "scaler", False, False),
     "fsdp_tp": ("fsdp_tp", "sgd", None, False, False),
     "fsdp_tp_clip": ("fsdp_tp", "adam", "scaler", False, False),
-    "fsdp_tp_flat": ("fsdp_tp_flat", "adam", "scaler", False, False),
+    "flat_mesh": ("flat_mesh", "sgd", None, False, False),
+    "flat_mesh_other_grad": ("flat_mesh_other_grad", "sgd", None, False, False),
 }
 
 
@@ -97,9 +99,38 @@ def norm_record(norm):
     return {"type": type(norm).__name__, "placements": None, "value": float(norm)}
 
 
+class FlatMeshModel(torch.nn.Module):
+    """One 8 x 8 weight sharded on both dimensions of a 2 x 2 mesh flattened also into one;
+    the loss is the sum of weight * x, with x the same on every rank (and placed as the
+    weight, so that the gradient is sharded as the weight is)."""
+
+    def __init__(self, world, x_as_weight):
+        super().__init__()
+        self.x_as_weight = x_as_weight
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))
+        mesh["a", "b"]._flatten("a_b")
+        torch.manual_seed(0)
+        self.weight = torch.nn.Parameter(
+            distribute_tensor(torch.randn(8, 8), mesh, [Shard(0), Shard(1)]))
+        self.mesh = mesh
+
+    def forward(self, x, y):
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        placements = self.weight.placements if self.x_as_weight else [Replicate(), Replicate()]
+        x = distribute_tensor(x.repeat(2, 2)[:8, :8], self.mesh, placements)
+        return (self.weight * x).sum().full_tensor() - y.sum()
+
+
 def train(impl, scenario, rank, world):
     layout, optimizer, clip, resume, bind = SCENARIOS[scenario]
-    model, opt = build(layout, optimizer, world)
+    if layout.startswith("flat_mesh"):
+        model = FlatMeshModel(world, x_as_weight=layout == "flat_mesh")
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        model, opt = build(layout, optimizer, world)
     ours = impl == "lucid"
     make = lucid_amp.GradScaler if ours else torch.amp.GradScaler
     scaler = make("cpu", init_scale=2.0**10, growth_interval=3)
@@ -115,7 +146,10 @@ def train(impl, scenario, rank, world):
         opt.zero_grad(set_to_none=True)
         x = torch.randn(4, 6, generator=data)
         y = torch.randn(4, 4, generator=data)
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        if layout.startswith("flat_mesh"):
+            loss = model(x, y) ** 2
+        else:
+            loss = torch.nn.functional.mse_loss(model(x), y)
         loss_value = loss.detach()
         scaler.scale(loss).backward()
         grads = [local(p.grad) for p in model.parameters() if p.grad is not None and local(p.grad).numel()]

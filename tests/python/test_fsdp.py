@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """lucid_amp.GradScaler on DTensor parameters against torch.amp.GradScaler("cpu"): FSDP2
-(fully_shard) models in Gloo groups of 2 processes, and HSDP and FSDP + tensor
-parallelism on 2 x 2 meshes of 4 processes (slow tier), trained step by step under both
-with an overflow in one rank's shard only and a NaN in another's; clipping (the scaler's
-and the free function) gives PyTorch's norm; a scaler checkpoint moves mid-run."""
+(fully_shard) models in Gloo groups of 2 processes, and HSDP, FSDP + tensor parallelism
+and a parameter sharded over a flattened 2 x 2 mesh (its gradient placed as it, or
+Replicate) in groups of 4 (slow tier), trained step by step under both with an overflow in
+one rank's shard only and a NaN in another's; clipping (the scaler's and the free
+function) gives PyTorch's norm with PyTorch's collectives; a scaler checkpoint moves
+mid-run."""
 
 import math
 
@@ -19,16 +21,19 @@ pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="this PyTorch has no Gloo")
 
 FAST = "fsdp,fsdp_clip_resume,fsdp_free_clip_bound"
-SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip,fsdp_tp_flat"
+SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip,flat_mesh,flat_mesh_other_grad"
 
 
 def skips_expected(scenario, rank):
     """The worker puts an inf into rank 1's shard at step 2 and a NaN into rank 0's at step
     5. PyTorch's scaler agrees over the mesh dimensions a gradient is sharded on: every rank
     of FSDP and of FSDP + TP (both dimensions sharded), but in HSDP only the ranks of one
-    replica (ranks 0 and 1: the shard dimension), not the replicate dimension."""
+    replica (ranks 0 and 1: the shard dimension), not the replicate dimension; and for a
+    gradient that is Replicate on every dimension (its parameter sharded), no other rank."""
     if scenario.startswith("hsdp") and rank >= 2:
         return [False] * 8
+    if scenario == "flat_mesh_other_grad":
+        return [(step, rank) in ((2, 1), (5, 0)) for step in range(8)]
     return [step in (2, 5) for step in range(8)]
 
 
