@@ -30,7 +30,8 @@ INF_STEP, INF_RANK = 2, 1
 NAN_STEP, NAN_RANK = 5, 0
 RESUME_AT = 4
 
-# name: (layout, optimizer, clipping, resume, bind): layout "fsdp" (1-D mesh of the world),
+# name: (layout, optimizer, clipping, resume, bind): layout "fsdp" (1-D mesh of the world;
+# "fsdp_mixed": computing in bfloat16, gradients reduced and kept in float32),
 # "hsdp" (2 x 2: replicate x shard), "fsdp_tp" (2 x 2: fully_shard over dp, tensor
 # parallelism over tp), "flat_mesh" (no model: one parameter sharded on both dimensions of a
 # 2 x 2 mesh that is also flattened into one, over which DTensor then all-reduces in one
@@ -41,6 +42,7 @@ SCENARIOS = {
     "fsdp": ("fsdp", "sgd", None, False, False),
     "fsdp_clip_resume": ("fsdp", "adam", "scaler", True, False),
     "fsdp_free_clip_bound": ("fsdp", "sgd", "free", False, True),
+    "fsdp_mixed_fused": ("fsdp_mixed", "adam_fused", None, False, False),
     "hsdp": ("hsdp", "sgd", None, False, False),
     "hsdp_clip": ("hsdp", "adam", "scaler", False, False),
     "fsdp_tp": ("fsdp_tp", "sgd", None, False, False),
@@ -55,11 +57,15 @@ def build(layout, optimizer, world):
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
         torch.nn.Linear(16, 4))
-    if layout == "fsdp":
+    if layout in ("fsdp", "fsdp_mixed"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         mesh = init_device_mesh("cpu", (world,))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if layout == "fsdp_mixed" else MixedPrecisionPolicy())
         for layer in (model[0], model[2], model[4]):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
     elif layout == "hsdp":
         mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         fully_shard(model, mesh=mesh)
@@ -78,7 +84,7 @@ def build(layout, optimizer, world):
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, fused=optimizer == "adam_fused")
     return model, opt
 
 
@@ -149,7 +155,7 @@ def train(impl, scenario, rank, world):
         if layout.startswith("flat_mesh"):
             loss = model(x, y) ** 2
         else:
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
         loss_value = loss.detach()
         scaler.scale(loss).backward()
         grads = [local(p.grad) for p in model.parameters() if p.grad is not None and local(p.grad).numel()]
