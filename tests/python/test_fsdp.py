@@ -85,15 +85,20 @@ def mesh_of_one(tmp_path):
 
 
 @pytest.mark.parametrize("cls", ["FusedSGD", "FusedAdam", "FusedAdamW"])
-def test_fused_optimizers_refuse_dtensor_parameters_by_name(mesh_of_one, cls):
+def test_fused_optimizers_refuse_dtensor_parameters_naming_the_alternative(mesh_of_one, cls):
     from torch.distributed.tensor import Shard, distribute_tensor
 
     p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh_of_one, [Shard(0)]))
-    p.grad = distribute_tensor(torch.full((4,), 0.5), mesh_of_one, [Shard(0)])
-    opt = getattr(lucid_amp.optim, cls)([p], lr=0.1)
-    with pytest.raises(NotImplementedError, match=r"parameter 0.*DTensor.*torch\.optim"):
-        opt.step()
-    assert torch.equal(p.to_local(), torch.ones(4))
+    q = torch.nn.Parameter(torch.ones(2))
+    alternative = rf"parameter 0 of param group {{}}.*DTensor.*torch\.optim's {cls[len('Fused'):]}"
+    with pytest.raises(NotImplementedError, match=alternative.format(0)):
+        getattr(lucid_amp.optim, cls)([p], lr=0.1)
+    opt = getattr(lucid_amp.optim, cls)([q], lr=0.1)
+    with pytest.raises(NotImplementedError, match=alternative.format(1)):
+        opt.add_param_group({"params": [p]})
+    assert len(opt.param_groups) == 1  # the refused group is not kept
+    q.grad = torch.ones(2)
+    opt.step()
 
 
 def test_the_flag_is_agreed_over_the_mesh_dimensions_a_gradient_is_sharded_on(mesh_of_one):
