@@ -12,9 +12,10 @@ itself still steps the DTensor parameters (torch.optim handles DTensor).
 Overflow is agreed as PyTorch's scaler agrees it through DTensor's dispatch of
 ``_amp_foreach_non_finite_check_and_unscale_``: the flag is all-reduced (MAX) over the
 process group of each mesh dimension on which a gradient is not Replicate (Shard or
-Partial), and over no other ranks; over a flattened mesh of those dimensions in one
-all-reduce where one was made, as DTensor's redistribution does. On a Replicate dimension the ranks hold the same
-gradient and so reach the same flag already (HSDP's replicate dimension).
+Partial), and over no other ranks; over a flattened mesh of exactly those dimensions in
+one all-reduce where the user made one, as DTensor's redistribution does. On a Replicate
+dimension (HSDP's replicate dimension) the ranks are meant to hold the same gradient, and
+PyTorch's scaler leaves each of them to decide on its own; so does this one.
 """
 
 import functools

@@ -11,7 +11,6 @@ one element of rank 0's (step 5): a scaler that agrees over other ranks than PyT
 
 import json
 import math
-import os
 import pickle
 import sys
 
