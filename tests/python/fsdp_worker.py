@@ -30,7 +30,8 @@ NAN_STEP, NAN_RANK = 5, 0
 RESUME_AT = 4
 
 # name: (layout, optimizer, clipping, resume, bind): layout "fsdp" (1-D mesh of the world;
-# "fsdp_mixed": computing in bfloat16, gradients reduced and kept in float32),
+# "fsdp_mixed": computing in bfloat16, gradients reduced and kept in float32;
+# "fsdp_uneven": a last layer of one output, sharded unevenly),
 # "hsdp" (2 x 2: replicate x shard), "fsdp_tp" (2 x 2: fully_shard over dp, tensor
 # parallelism over tp), "flat_mesh" (no model: one parameter sharded on both dimensions of a
 # 2 x 2 mesh that is also flattened into one, over which DTensor then all-reduces in one
@@ -42,6 +43,7 @@ SCENARIOS = {
     "fsdp_clip_resume": ("fsdp", "adam", "scaler", True, False),
     "fsdp_free_clip_bound": ("fsdp", "sgd", "free", False, True),
     "fsdp_mixed_fused": ("fsdp_mixed", "adam_fused", None, False, False),
+    "fsdp_uneven": ("fsdp_uneven", "sgd", "scaler", False, False),
     "hsdp": ("hsdp", "sgd", None, False, False),
     "hsdp_clip": ("hsdp", "adam", "scaler", False, False),
     "fsdp_tp": ("fsdp_tp", "sgd", None, False, False),
@@ -51,12 +53,18 @@ SCENARIOS = {
 }
 
 
+def outputs(layout):
+    """The model's width of output: 1 for "fsdp_uneven", whose last layer's bias then has
+    no element on rank 1 and its weight one row on rank 0 only (shards of unequal size)."""
+    return 1 if layout == "fsdp_uneven" else 4
+
+
 def build(layout, optimizer, world):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-        torch.nn.Linear(16, 4))
-    if layout in ("fsdp", "fsdp_mixed"):
+        torch.nn.Linear(16, outputs(layout)))
+    if layout in ("fsdp", "fsdp_mixed", "fsdp_uneven"):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         mesh = init_device_mesh("cpu", (world,))
@@ -150,7 +158,7 @@ def train(impl, scenario, rank, world):
             scaler.load_state_dict(state)
         opt.zero_grad(set_to_none=True)
         x = torch.randn(4, 6, generator=data)
-        y = torch.randn(4, 4, generator=data)
+        y = torch.randn(4, outputs(layout), generator=data)
         if layout.startswith("flat_mesh"):
             loss = model(x, y) ** 2
         else:

@@ -20,7 +20,7 @@ import lucid_amp.optim
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="this PyTorch has no Gloo")
 
-FAST = "fsdp,fsdp_clip_resume,fsdp_free_clip_bound,fsdp_mixed_fused"
+FAST = "fsdp,fsdp_clip_resume,fsdp_free_clip_bound,fsdp_mixed_fused,fsdp_uneven"
 SLOW = "hsdp,hsdp_clip,fsdp_tp,fsdp_tp_clip,flat_mesh,flat_mesh_other_grad"
 
 
