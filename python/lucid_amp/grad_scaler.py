@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from torch.amp.grad_scaler import OptState
 
-from . import _C
+from . import _C, _dtensor
+from ._dynamo import opaque_to_dynamo
 
 __all__ = ["GradScaler", "ScalerCounters", "OverflowReport", "NonFiniteGradient", "BackoffEvent"]
 
@@ -153,6 +154,11 @@ def clip_grad_norm_(
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     parameters = list(parameters)
+    if any(_dtensor.is_dtensor(p.grad) for p in parameters):
+        # A DTensor's norm is taken over every rank's shard, with DTensor's collectives.
+        _dtensor.check_clip_arguments(max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(
+            parameters, max_norm, norm_type, error_if_nonfinite, foreach)
     if foreach:
         from torch.utils._foreach_utils import _device_has_foreach_support
 
@@ -180,7 +186,10 @@ def _map_tensors(outputs, fn: Callable[[torch.Tensor], torch.Tensor]):
 
 
 def _param_groups(optimizer) -> List[List[torch.Tensor]]:
-    return [list(group["params"]) for group in optimizer.param_groups]
+    """The parameters the core is given: ``optimizer``'s, a DTensor one as the plain alias
+    of its local shard (lucid_amp._dtensor)."""
+    groups = [list(group["params"]) for group in optimizer.param_groups]
+    return _dtensor.local_param_groups(optimizer, groups)
 
 
 def _protocol(optimizer) -> Optional[str]:
@@ -415,6 +424,7 @@ class GradScaler(torch.amp.GradScaler):
             return outputs
         return _map_tensors(outputs, self._core.scale)
 
+    @_dtensor.agreeing
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divides ``optimizer``'s gradients by the scale in place and records overflow.
 
@@ -441,6 +451,8 @@ class GradScaler(torch.amp.GradScaler):
             return clip_grad_norm_(
                 [p for g in optimizer.param_groups for p in g["params"]], max_norm, norm_type
             )
+        if _dtensor.has_dtensor_params(optimizer):
+            return _dtensor.clip_grad_norm_(self, optimizer, max_norm, norm_type)
         key = id(optimizer)
         norm = self._core.clip_grad_norm_(
             key, _param_groups(optimizer), float(max_norm), float(norm_type),
@@ -449,6 +461,7 @@ class GradScaler(torch.amp.GradScaler):
         self._active[key] = optimizer
         return norm
 
+    @_dtensor.agreeing
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[Any]:
         """Unscales if needed, then runs ``optimizer.step(*args, **kwargs)`` unless the
         gradients held inf/NaN. Returns what ``optimizer.step`` returned, or None when the
@@ -852,7 +865,7 @@ class GradScaler(torch.amp.GradScaler):
         """Names parameters for the overflow report, e.g.
         ``scaler.set_parameter_names(model.named_parameters())``. Held weakly."""
         for name, param in named_parameters:
-            self._core.set_parameter_name(param, prefix + name)
+            self._core.set_parameter_name(_dtensor.local_param(param), prefix + name)
 
     def set_backoff_callback(self, fn: Optional[Callable[[BackoffEvent], None]]) -> None:
         """``fn(event)`` is called on every backoff, after update() applied it; None
@@ -887,8 +900,10 @@ class GradScaler(torch.amp.GradScaler):
         the largest ``|g|`` for inf; float32 0-dim), both to be changed in place: a rank that
         owns a shard of the parameters combines them across ranks there, and clips by the
         norm of all of them. lucid_amp.distributed.bind_to_group uses it. ``fn=None``
-        removes both (a ``norm_fn`` alone raises ValueError)."""
+        removes both (a ``norm_fn`` alone raises ValueError). For an optimizer with DTensor
+        parameters, ``fn`` runs after the flag is agreed over the DTensors' meshes."""
         self._core.set_found_inf_hook(fn, norm_fn)
+        self._found_inf_hooks = (fn, norm_fn)
 
     def stage(self, optimizer: torch.optim.Optimizer) -> str:
         """Where ``optimizer`` is in this iteration: "ready", "unscaled" or "stepped"."""
@@ -897,6 +912,4 @@ class GradScaler(torch.amp.GradScaler):
 
 # Each public method is one opaque call under torch.compile, as each method of
 # torch.amp.GradScaler is (Dynamo skips torch.amp): _dynamo.opaque_to_dynamo says why.
-from ._dynamo import opaque_to_dynamo  # noqa: E402
-
 opaque_to_dynamo(GradScaler)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
+from ._dynamo import opaque_to_dynamo
 from .distributed import OverflowAgreement
 from .grad_scaler import GradScaler, _map_tensors
 
@@ -94,6 +95,4 @@ class ShardedGradScaler(GradScaler):
 
 # Its own methods are one opaque call each under torch.compile, as GradScaler's are (the
 # inherited ones are wrapped already): _dynamo.opaque_to_dynamo says why.
-from ._dynamo import opaque_to_dynamo  # noqa: E402
-
 opaque_to_dynamo(ShardedGradScaler)

@@ -2,16 +2,11 @@
 """lucid_amp.distributed: Gloo ranks (processes; groups of 2, and of 4 in the slow tier)
 agree on overflow; without the agreement they drift apart (the test can tell)."""
 
-import json
 import math
-import os
-import subprocess
-import sys
 
+import gloo_ranks
 import pytest
 import torch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -19,25 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def run_ranks(tmp_path, mode, world=2):
-    import lucid_amp
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(lucid_amp.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
-    store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), str(r), str(world), store, mode],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return gloo_ranks.run_ranks("dist_worker.py", tmp_path, world, mode, timeout=120)
 
 
 WORLDS = [2, pytest.param(4, marks=pytest.mark.slow)]

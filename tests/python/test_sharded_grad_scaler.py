@@ -4,21 +4,16 @@ constructor, the same results in one process, and FSDP1 (FullyShardedDataParalle
 in Gloo groups of 2 processes (and 4 in the slow tier) trained step by step under both,
 with an overflow on one rank only and a NaN in one shard."""
 
-import json
 import math
-import os
 import pickle
-import subprocess
-import sys
 
+import gloo_ranks
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchShardedGradScaler
 
 import lucid_amp
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 pytestmark = pytest.mark.skipif(
     not (dist.is_available() and dist.is_gloo_available()), reason="this PyTorch has no Gloo")
@@ -128,23 +123,7 @@ SCENARIOS = "full_shard,shard_grad_op_orig_params,mixed_precision,fsdp_clip,scal
 
 
 def run_ranks(tmp_path, world):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(lucid_amp.__file__)) + os.pathsep + env.get("PYTHONPATH", "")
-    store = str(tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "fsdp1_worker.py"), str(r), str(world), store, SCENARIOS],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return gloo_ranks.run_ranks("fsdp1_worker.py", tmp_path, world, SCENARIOS)
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tensor subclasses: one that overrides __torch_dispatch__ (DTensor from FSDP2's
-fully_shard or tensor parallelism, or any wrapper subclass) keeps its data in tensors
+"""Tensor subclasses: one that overrides __torch_dispatch__ keeps its data in tensors
 inside it, which lucid-amp's kernels cannot reach, so the scaler, lucid_amp.clip_grad_norm_
-and the fused optimizers refuse it by name before any kernel runs (never a crash); a
-subclass of nn.Parameter with plain storage (FSDP1's FlatParameter) works as a Parameter."""
+and the fused optimizers refuse it by name before any kernel runs (never a crash). DTensor
+(FSDP2's fully_shard, tensor parallelism) is the exception for the scaler and clipping,
+which work on its local shards; the fused optimizers refuse it too. A subclass of
+nn.Parameter with plain storage (FSDP1's FlatParameter) works as a Parameter."""
 
 import pytest
 import torch
@@ -99,29 +100,31 @@ def test_a_parameter_subclass_with_plain_storage_works_as_a_parameter():
     assert torch.equal(results[0], results[1])
 
 
-def test_fsdp2s_dtensor_gradients_are_refused_where_pytorchs_scaler_runs():
+def test_dtensor_gradients_are_unscaled_through_their_local_shards_as_pytorchs():
     """A DTensor parameter and gradient on a one-process gloo mesh (what fully_shard
-    makes): torch.amp.GradScaler unscales it; lucid_amp's scaler refuses it by name."""
-    from torch.distributed.tensor import Replicate, distribute_tensor
+    makes): both scalers unscale it, the DTensor gradient sees the result, and the step
+    runs on the DTensor parameter (test_fsdp.py trains such models on several ranks)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed and no process group of the test's own")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = dist.device_mesh.init_device_mesh("cpu", (1,))
-        p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()]))
-        theirs = torch.amp.GradScaler("cpu", init_scale=4.0)
-        ours = lucid_amp.GradScaler("cpu", init_scale=4.0)
-        for scaler in (theirs, ours):
-            p.grad = distribute_tensor(torch.full((4,), 8.0), mesh, [Replicate()])
-            scaler.scale(torch.ones(()))
-            opt = torch.optim.SGD([p], lr=0.1)
-            if scaler is theirs:
+        for placement in (Replicate(), Shard(0)):
+            params = []
+            for scaler in (torch.amp.GradScaler("cpu", init_scale=4.0),
+                           lucid_amp.GradScaler("cpu", init_scale=4.0)):
+                p = torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [placement]))
+                p.grad = distribute_tensor(torch.full((4,), 8.0), mesh, [placement])
+                scaler.scale(torch.ones(()))
+                opt = torch.optim.SGD([p], lr=0.1)
                 scaler.unscale_(opt)
                 assert torch.equal(p.grad.to_local(), torch.full((4,), 2.0))
-            else:
-                with pytest.raises(NotImplementedError, match="gradient of parameter 0.*DTensor"):
-                    scaler.unscale_(opt)
-                assert torch.equal(p.grad.to_local(), torch.full((4,), 8.0))
+                scaler.step(opt)
+                scaler.update()
+                params.append(p.to_local().detach())
+            assert torch.equal(params[0], params[1])
+            assert torch.equal(params[1], torch.full((4,), 0.8))
     finally:
         dist.destroy_process_group()

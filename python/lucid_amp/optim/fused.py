@@ -19,6 +19,7 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from .. import _C
+from .._dynamo import opaque_to_dynamo
 
 __all__ = ["FusedAdam", "FusedAdamW", "FusedSGD"]
 
@@ -127,6 +128,7 @@ class _CachedListsMixin:
     def add_param_group(self, param_group):
         self._forget_lists()
         super().add_param_group(param_group)
+        _refuse_dtensors(self, len(self.param_groups) - 1)
 
     def __setstate__(self, state):
         # torch.optim's load_state_dict ends here: the state tensors are new ones
@@ -137,6 +139,24 @@ class _CachedListsMixin:
         state = super().__getstate__()
         state.pop("_lucid_groups", None)
         return state
+
+
+def _refuse_dtensors(optimizer, index):
+    """NotImplementedError, and param group ``index`` taken back, when it holds a DTensor:
+    the fused kernels step plain tensors, and a DTensor's data lies in its local shard.
+    Said when the group is added, so that the alternative is known before training."""
+    from .._dtensor import is_dtensor
+
+    group = optimizer.param_groups[index]
+    for i, p in enumerate(group["params"]):
+        if is_dtensor(p):
+            optimizer.param_groups.pop(index)
+            name = type(optimizer).__name__
+            raise NotImplementedError(
+                f"{name}: parameter {i} of param group {index} is a DTensor (FSDP2's "
+                "fully_shard, tensor parallelism), which lucid-amp's fused kernels do not "
+                f"step. Use torch.optim's {name[len('Fused'):]} (fused=True or foreach=True "
+                "step DTensors) with lucid_amp.GradScaler, which handles DTensor gradients.")
 
 
 def _refuse_maximize(optimizer, group):
@@ -295,7 +315,5 @@ class FusedSGD(_CachedListsMixin, torch.optim.Optimizer):
 # step() is one opaque call under torch.compile, as the kernels of PyTorch's fused
 # optimizers are (PyTorch wraps them with torch.compiler.disable); FusedAdamW inherits
 # FusedAdam's. _dynamo.opaque_to_dynamo says why.
-from .._dynamo import opaque_to_dynamo  # noqa: E402
-
 opaque_to_dynamo(FusedAdam)
 opaque_to_dynamo(FusedSGD)
