@@ -82,6 +82,7 @@ if __name__ == "__main__":
         sys.path.insert(0, _IN_PLACE)
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 import lucid_amp
 import lucid_amp.optim
@@ -238,6 +239,31 @@ class Pair:
                 elif not _same(va, vb, not self.fused):
                     self.fail(f"state[{key!r}] of parameter {i} differs:\n{va}\nreference\n{vb}")
 
+    def compare_private_views(self):
+        """PyTorch's private attributes that libraries and user code read (_scale,
+        _growth_tracker, _per_optimizer_states' stage and found-inf flag) say in world A
+        what they say in world B."""
+        sa, sb = self.a.scaler, self.b.scaler
+        if (sa._scale is None) != (sb._scale is None):
+            self.fail(f"_scale {sa._scale!r} != reference {sb._scale!r}")
+        if sb._scale is not None:
+            if float(sa._scale) != float(sb._scale):
+                self.fail(f"_scale {float(sa._scale)!r} != reference {float(sb._scale)!r}")
+            if int(sa._growth_tracker) != int(sb._growth_tracker):
+                self.fail(f"_growth_tracker {int(sa._growth_tracker)} != reference "
+                          f"{int(sb._growth_tracker)}")
+        # (.get: reading PyTorch's defaultdict by [] would add an entry)
+        ref = sb._per_optimizer_states.get(id(self.b.opt))
+        stage_b = OptState.READY if ref is None else ref["stage"]
+        mine = sa._per_optimizer_states[id(self.a.opt)]
+        if mine["stage"] is not stage_b:
+            self.fail(f"_per_optimizer_states stage {mine['stage']} != reference {stage_b}")
+        if stage_b is not OptState.READY and self.pending_skip is None:
+            found_a = any(float(t) != 0 for t in mine["found_inf_per_device"].values())
+            found_b = any(float(t) != 0 for t in ref["found_inf_per_device"].values())
+            if found_a != found_b:
+                self.fail(f"_per_optimizer_states found_inf {found_a} != reference {found_b}")
+
     def sync_b_from_a(self, grads=True):
         """World B takes world A's parameters, state and gradients (after a comparison
         within tolerance), in place: its optimizer keeps its tensors."""
@@ -292,6 +318,7 @@ class Pair:
             self.stats["calls"] += 1
             try:
                 getattr(self, "op_" + op[0])(*op[1:])
+                self.compare_private_views()
             except Divergence as d:
                 raise Divergence(f"call {index} {op!r}: {d}") from None
             except EndProgram as e:

@@ -13,7 +13,9 @@ a new scale, a float or a tensor), state_dict/load_state_dict of the scaler (int
 or a fresh scaler) and of the optimizer, zero_grad, gradients set to None,
 add_param_group, parameters resized or replaced with their gradient and state made to
 match, gradients and state tensors made inconsistent with their parameter, and calls in
-the wrong order. call_sequence_worlds.py runs each program in two worlds, lucid_amp's and
+the wrong order; after each call PyTorch's private attributes that code reads
+(`_scale`, `_growth_tracker`, `_per_optimizer_states`) are compared too.
+call_sequence_worlds.py runs each program in two worlds, lucid_amp's and
 torch.amp.GradScaler with torch.optim (foreach=False), and states the oracle and the
 deliberate differences it codes.
 
