@@ -436,10 +436,10 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
       model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
-      lucid::amp::detail::update_scale_guarded_(routed[0], routed[1], routed[2], flag, 2.0, 0.5,
-                                                interval, guards);
-      lucid::amp::generic::amp_backend().update_scale_guarded_(generic[0], generic[1], generic[2], flag, 2.0,
-                                                 0.5, interval, guards);
+      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, 2.0, 0.5, interval,
+                                        guards);
+      lucid::amp::generic::amp_backend().update_scale_(generic[0], generic[1], generic[2], flag,
+                                                       2.0, 0.5, interval, guards);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;

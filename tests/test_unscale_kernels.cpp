@@ -193,10 +193,14 @@ Schedule run_update(bool generic, Schedule s, bool found, double growth, double 
   at::Tensor scale = at::full({}, s.scale, at::kFloat);
   at::Tensor tracker = at::full({}, s.tracker, at::kInt);
   const at::Tensor found_inf = at::full({}, found ? 1.0f : 0.0f, at::kFloat);
+  at::Tensor no_overflow_tracker;
+  const lucid::amp::detail::ScaleGuards off;
   if (generic) {
-    lucid::amp::generic::amp_backend().update_scale_(scale, tracker, found_inf, growth, backoff, interval);
+    lucid::amp::generic::amp_backend().update_scale_(scale, tracker, no_overflow_tracker,
+                                                     found_inf, growth, backoff, interval, off);
   } else {
-    lucid::amp::cpu::update_scale_(scale, tracker, found_inf, growth, backoff, interval);
+    lucid::amp::cpu::update_scale_(scale, tracker, no_overflow_tracker, found_inf, growth,
+                                   backoff, interval, off);
   }
   return {scale.item<float>(), tracker.item<int32_t>()};
 }

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
-// Internal: the one interface every device's loss-scaling kernels implement, and the
-// registry that routing (kernel_routing.cpp) asks for them. Each device folder defines
-// one table: src/amp/cpu, src/amp/cuda (CUDA builds only), src/amp/generic (ATen ops, for
-// every device without a table of its own, and for whatever a table does not take).
+// Internal: the one interface every device's loss-scaling kernels implement. Each device
+// folder defines one table: src/amp/cpu, src/amp/cuda (CUDA builds only), src/amp/generic
+// (ATen ops, for every device without a table of its own, and for whatever a table does
+// not take). Routing (kernel_routing.cpp) finds a device's table in the one registry of
+// device kernels (common/device_kernels.h).
 
 #include "amp/flag_read.h"
 #include "amp/scale_rule.h"
@@ -52,19 +53,15 @@ struct AmpBackend {
   at::Tensor (*check_and_norm_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                 at::Tensor& found_inf, NormKind kind);
 
-  // One step of the sawtooth (detail::next_scale_state with guards off).
+  // One step of the scale rule, detail::next_scale_state: with the default ScaleGuards
+  // PyTorch's sawtooth, else with hysteresis (and its refill mode) and max_scale.
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
-  // one device of this table's device type.
+  // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
+  // `scale`, or undefined where `guards` hold hysteresis at 1 (it would stay 0).
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker,
-                        const at::Tensor& found_inf, double growth_factor,
-                        double backoff_factor, int64_t growth_interval);
-
-  // The same with guards (hysteresis and its refill mode, max_scale;
-  // detail::next_scale_state); overflow_tracker: int32, 0-dim, beside `scale`.
-  void (*update_scale_guarded_)(at::Tensor& scale, at::Tensor& growth_tracker,
-                                at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                                double growth_factor, double backoff_factor,
-                                int64_t growth_interval, const detail::ScaleGuards& guards);
+                        at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                        double growth_factor, double backoff_factor, int64_t growth_interval,
+                        const detail::ScaleGuards& guards);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
   // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not
@@ -85,14 +82,8 @@ struct AmpBackend {
   PendingFlagRead (*start_flag_read_)(const at::Tensor& found_inf);
 };
 
-// The table registered for `type`, or null: the caller then uses generic_amp_backend().
-// The registry is filled once, on first use, and never changes.
-const AmpBackend* find_amp_backend(c10::DeviceType type);
-
-// The generic table (ATen operations): any device, any layout.
-const AmpBackend& generic_amp_backend();
-
-// Each device folder's table. cuda::amp_backend() exists in CUDA builds only.
+// Each device folder's table. cuda::amp_backend() exists in CUDA builds only; the generic
+// one (ATen operations) takes any device and any layout.
 namespace cpu {
 const AmpBackend& amp_backend();
 }  // namespace cpu

@@ -2,6 +2,7 @@
 #include "amp/kernel_routing.h"
 
 #include "amp/backend.h"
+#include "common/device_kernels.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,20 +19,20 @@ std::atomic<bool> force_generic{false};
 // The table a device takes when nothing is forced: its own if it has one, else generic.
 const AmpBackend& backend_for_device(c10::DeviceType type) {
   if (force_generic.load()) {
-    return generic_amp_backend();
+    return generic::amp_backend();
   }
-  const AmpBackend* table = find_amp_backend(type);
-  return table != nullptr ? *table : generic_amp_backend();
+  const AmpBackend* table = device_kernels(type).amp;
+  return table != nullptr ? *table : generic::amp_backend();
 }
 
 // A device table takes non-overlapping, dense tensors only; views that are not go to the
 // generic path, as does every device without a table.
 const AmpBackend& backend_for(const at::Tensor& dense) {
   if (force_generic.load()) {
-    return generic_amp_backend();
+    return generic::amp_backend();
   }
-  const AmpBackend* table = find_amp_backend(dense.device().type());
-  return table != nullptr && dense.is_non_overlapping_and_dense() ? *table : generic_amp_backend();
+  const AmpBackend* table = device_kernels(dense.device().type()).amp;
+  return table != nullptr && dense.is_non_overlapping_and_dense() ? *table : generic::amp_backend();
 }
 
 // One multi-tensor launch: the tensors of one device that one backend takes.
@@ -238,7 +239,7 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
                                  at::Tensor* divisor) {
   const bool fused_norm = norm_type == 2.0 || std::isinf(norm_type);
   const AmpBackend* table = fused_norm && !grads.empty() && !generic_backend_forced()
-                                ? find_amp_backend(scale.device().type())
+                                ? device_kernels(scale.device().type()).amp
                                 : nullptr;
   const bool one_launch =
       table != nullptr && table->clip_factors_ != nullptr && found_inf.device() == scale.device() &&
@@ -258,20 +259,12 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
   return norm;
 }
 
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval) {
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
+                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                   int64_t growth_interval, const ScaleGuards& guards) {
   backend_for_device(scale.device().type())
-      .update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                     growth_interval);
-}
-
-void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                           double growth_factor, double backoff_factor, int64_t growth_interval,
-                           const ScaleGuards& guards) {
-  backend_for_device(scale.device().type())
-      .update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
-                             backoff_factor, growth_interval, guards);
+      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
+                     backoff_factor, growth_interval, guards);
 }
 
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {

@@ -77,24 +77,21 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
 // returns.
 at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 
-// One step of the sawtooth, on the scale's device, with no host synchronisation.
+// One update of the scale by detail::next_scale_state, on the scale's device, through its
+// device table, with no host synchronisation.
 // Args:
-//   scale:          float32, 0-dim. Multiplied by backoff when found_inf != 0 (never below
-//                   detail::kScaleFloor); by growth after `growth_interval` clean updates,
-//                   unless that overflows float32.
-//   growth_tracker: int32, 0-dim, same device: overflow-free updates since the last change.
-//   found_inf:      float32, 0-dim, same device; non-zero means overflow.
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval);
-
-// The update with guards (hysteresis and its refill mode, max_scale; see
-// detail::next_scale_state), through the scale's device table. No host synchronisation
-// either.
-//   overflow_tracker: int32, 0-dim, beside `scale`: overflows absorbed by hysteresis.
-void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                           double growth_factor, double backoff_factor, int64_t growth_interval,
-                           const ScaleGuards& guards);
+//   scale:            float32, 0-dim. Multiplied by backoff when found_inf != 0 and
+//                     hysteresis absorbs no more (never below detail::kScaleFloor); by
+//                     growth after `growth_interval` clean updates, unless that overflows
+//                     float32, capped at guards.max_scale.
+//   growth_tracker:   int32, 0-dim, same device: overflow-free updates since the last change.
+//   overflow_tracker: int32, 0-dim, same device: overflows absorbed by hysteresis; undefined
+//                     where guards.hysteresis is 1.
+//   found_inf:        float32, 0-dim, same device; non-zero means overflow.
+//   guards:           the default ScaleGuards give PyTorch's rule.
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
+                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                   int64_t growth_interval, const ScaleGuards& guards);
 
 // Starts reading `found_inf` (float32, 0-dim) back to the host behind the work queued on
 // its device so far: PendingFlagRead::wait then waits for that work only, not for kernels

@@ -58,14 +58,11 @@ void ScaleSchedule::ensure_overflow_tracker_() {
 void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
                                        at::Tensor& overflow_tracker,
                                        const at::Tensor& found_inf) const {
-  if (guarded()) {
-    update_scale_guarded_(scale, growth_tracker, overflow_tracker, found_inf,
-                          options_.growth_factor(), options_.backoff_factor(),
-                          options_.growth_interval(), guards_of(options_));
-  } else {
-    update_scale_(scale, growth_tracker, found_inf, options_.growth_factor(),
-                  options_.backoff_factor(), options_.growth_interval());
-  }
+  // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
+  at::Tensor unused;
+  update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
+                options_.growth_factor(), options_.backoff_factor(), options_.growth_interval(),
+                guards_of(options_));
 }
 
 void ScaleSchedule::advance(const at::Tensor& found_inf) {

@@ -18,13 +18,12 @@
 //
 // NOTE: [Guards]
 // The guards are off by default (min_scale 0, max_scale +inf, hysteresis 1); then an
-// update runs exactly PyTorch's rule through the routed update kernel (the CPU twin,
-// ATen's CUDA kernel, or the generic ops) and reads nothing back.
-// - max_scale and hysteresis change the update itself: it then runs the guarded kernel
-//   (the CPU twin for a CPU scale, the generic ATen-ops path on every other device, since
-//   ATen's CUDA kernel knows no guards); still no host synchronisation. Hysteresis keeps
-//   one more 0-dim int32 tensor beside the growth tracker: the consecutive overflows it
-//   has absorbed.
+// update runs exactly PyTorch's rule through the scale device's update kernel (the CPU
+// twin, lucid-amp's CUDA kernel, or the generic ops elsewhere) and reads nothing back.
+// - max_scale and hysteresis change the update itself: the same kernel applies them
+//   (detail::next_scale_state with its ScaleGuards); still no host synchronisation.
+//   Hysteresis keeps one more 0-dim int32 tensor beside the growth tracker: the
+//   consecutive overflows it has absorbed.
 // - min_scale is a check, so the host has to know whether an update backs off and to
 //   what. The core then reads the flags step() has not read, predicts the outcome with
 //   the host mirror of the trackers, and only for a backoff computes the update into

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
-// Internal: the one interface every device's fused optimizer kernels implement, and the
-// registry that the launch code (fused_launch.cpp) asks for them. Each device folder
-// defines one table: src/optim/cpu, src/optim/cuda (CUDA builds only). Devices without a
-// table are refused before any launch (bucket_params).
+// Internal: the one interface every device's fused optimizer kernels implement. Each
+// device folder defines one table: src/optim/cpu, src/optim/cuda (CUDA builds only); the
+// launch code (fused_launch.cpp) finds it in the one registry of device kernels
+// (common/device_kernels.h). Devices without a table are refused before any launch
+// (bucket_params).
 
 #include <ATen/ATen.h>
 
@@ -42,9 +43,6 @@ struct FusedOptimBackend {
   // Whether work queued now for `device` is being captured into a CUDA graph.
   bool (*capturing_)(const at::Device& device);
 };
-
-// The table registered for `type`, or null. Filled once, on first use.
-const FusedOptimBackend* find_fused_backend(c10::DeviceType type);
 
 }  // namespace detail
 

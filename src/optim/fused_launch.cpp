@@ -2,6 +2,7 @@
 #include "optim/fused_launch.h"
 
 #include "common/plain_tensor.h"
+#include "common/device_kernels.h"
 #include "optim/fused_backend.h"
 
 #include <c10/util/Exception.h>
@@ -128,7 +129,7 @@ namespace {
 // CUDA, and lucid-amp is built with its CUDA kernels whenever its LibTorch has CUDA, so a
 // missing table is an internal error.
 const FusedOptimBackend& backend_for(const at::Device& device) {
-  const FusedOptimBackend* table = find_fused_backend(device.type());
+  const FusedOptimBackend* table = device_kernels(device.type()).optim;
   TORCH_INTERNAL_ASSERT(table != nullptr, "lucid-amp has no fused optimizer kernels for ", device,
                         " in this build");
   return *table;

@@ -17,6 +17,7 @@
 
 #include <lucid/optim/fused_optimizer.h>
 
+#include "common/device_kernels.h"
 #include "optim/fused_backend.h"
 #include "optim/fused_kernel_params.h"
 
@@ -39,7 +40,7 @@ class DeviceHyperCopies {
 
   const at::Tensor& on(const c10::Device& device,
                        const std::array<double, LiveSlot::kCount>& values) {
-    const FusedOptimBackend* table = find_fused_backend(device.type());
+    const FusedOptimBackend* table = device_kernels(device.type()).optim;
     const bool capturing = table != nullptr && table->capturing_(device);
     Copy* copy = find(device);
     if (copy == nullptr) {

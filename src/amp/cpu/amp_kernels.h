@@ -35,15 +35,11 @@ bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale);
 float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, bool inf_norm,
                      bool* found);
 
-// The CPU table's scale updates: detail::next_scale_state on the host, no guards (PyTorch's
-// rule) or with them. Args: AmpBackend::update_scale_ / update_scale_guarded_
-// (amp/backend.h), every tensor on the CPU.
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval);
-void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                           double growth_factor, double backoff_factor, int64_t growth_interval,
-                           const detail::ScaleGuards& guards);
+// The CPU table's scale update: detail::next_scale_state on the host. Args:
+// AmpBackend::update_scale_ (amp/backend.h), every tensor on the CPU.
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
+                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                   int64_t growth_interval, const detail::ScaleGuards& guards);
 
 }  // namespace cpu
 }  // namespace amp

@@ -55,7 +55,6 @@ const AmpBackend& amp_backend() {
                                 table_check_finite_,
                                 table_check_and_norm_,
                                 update_scale_,
-                                update_scale_guarded_,
                                 /*clip_factors_=*/nullptr,
                                 /*start_flag_read_=*/nullptr};
   return table;

@@ -135,30 +135,16 @@ void table_clip_factors_(const at::Tensor& partial, NormKind kind, double max_no
 }
 
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
-void update_on_device_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor* overflow_tracker,
-                       const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                       int64_t growth_interval, const detail::ScaleGuards& guards) {
+void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
+                         at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                         double growth_factor, double backoff_factor, int64_t growth_interval,
+                         const detail::ScaleGuards& guards) {
   c10::cuda::CUDAGuard guard(scale.device());
   C10_CUDA_CHECK(launch_update_scale(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
-      overflow_tracker != nullptr ? overflow_tracker->data_ptr<int32_t>() : nullptr,
+      overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr,
       found_inf.data_ptr<float>(), growth_factor, backoff_factor, growth_interval, guards,
       at::cuda::getCurrentCUDAStream()));
-}
-
-void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
-                         const at::Tensor& found_inf, double growth_factor,
-                         double backoff_factor, int64_t growth_interval) {
-  update_on_device_(scale, growth_tracker, nullptr, found_inf, growth_factor, backoff_factor,
-                    growth_interval, detail::ScaleGuards());
-}
-
-void table_update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                                 at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                                 double growth_factor, double backoff_factor,
-                                 int64_t growth_interval, const detail::ScaleGuards& guards) {
-  update_on_device_(scale, growth_tracker, &overflow_tracker, found_inf, growth_factor,
-                    backoff_factor, growth_interval, guards);
 }
 
 // The flag's copy into pinned memory on the flag's current stream, and an event behind
@@ -188,7 +174,6 @@ const AmpBackend& amp_backend() {
                                 table_check_finite_,
                                 table_check_and_norm_,
                                 table_update_scale_,
-                                table_update_scale_guarded_,
                                 table_clip_factors_,
                                 table_start_flag_read_};
   return table;

@@ -84,29 +84,13 @@ at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
   return at::maximum(scale * backoff_factor, floor);
 }
 
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval) {
-  // Same decisions as detail::next_scale_state, written as selects on the device. The
-  // products are float32 (no float64 on MPS): with power-of-two factors, the defaults,
-  // identical to the CPU and CUDA schedule; with others they may differ in the last bit.
-  const at::Tensor found = found_inf.ne(0);
-  const at::Tensor successful = growth_tracker + 1;
-  const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
-  const at::Tensor grown = scale * growth_factor;
-  const at::Tensor grown_ok = grow.logical_and(grown.isfinite());
-  const at::Tensor new_scale =
-      at::where(found, backed_off(scale, backoff_factor), at::where(grown_ok, grown, scale));
-  const at::Tensor new_tracker =
-      at::where(found.logical_or(grow), at::zeros_like(successful), successful);
-  scale.copy_(new_scale);
-  growth_tracker.copy_(new_tracker);
-}
-
-void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
-                           at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                           double growth_factor, double backoff_factor, int64_t growth_interval,
-                           const detail::ScaleGuards& guards) {
-  // detail::next_scale_state with guards, as selects on the device (no host sync).
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
+                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                   int64_t growth_interval, const detail::ScaleGuards& guards) {
+  // Same decisions as detail::next_scale_state, written as selects on the device (no host
+  // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
+  // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
+  // differ in the last bit.
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
   const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
@@ -115,21 +99,28 @@ void update_scale_guarded_(at::Tensor& scale, at::Tensor& growth_tracker,
   if (std::isfinite(guards.max_scale)) {
     grown = at::minimum(grown, at::full({}, guards.max_scale, scale.options()));
   }
-  const at::Tensor next_overflow = overflow_tracker + 1;
-  const at::Tensor absorb = found.logical_and(next_overflow.lt(guards.hysteresis));
-  const at::Tensor backoff = found.logical_and(absorb.logical_not());
+  // Hysteresis absorbs an overflow while the count of absorbed ones stays below it.
+  at::Tensor backoff = found;
+  at::Tensor new_overflow;
+  if (overflow_tracker.defined()) {
+    const at::Tensor next_overflow = overflow_tracker + 1;
+    const at::Tensor absorb = found.logical_and(next_overflow.lt(guards.hysteresis));
+    backoff = found.logical_and(absorb.logical_not());
+    // Absorbed: one more; backed off: kept; grown: refilled; other clean updates:
+    // refilled only in the consecutive mode.
+    const at::Tensor refill = guards.refill_on_clean ? found.logical_not() : grow;
+    new_overflow = at::where(absorb, next_overflow,
+                             at::where(refill, at::zeros_like(overflow_tracker), overflow_tracker));
+  }
   const at::Tensor new_scale =
       at::where(backoff, backed_off(scale, backoff_factor), at::where(grow, grown, scale));
   const at::Tensor new_tracker =
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
-  // Absorbed: one more; backed off: kept; grown: refilled; other clean updates: refilled
-  // only in the consecutive mode.
-  const at::Tensor refill = guards.refill_on_clean ? found.logical_not() : grow;
-  const at::Tensor new_overflow = at::where(
-      absorb, next_overflow, at::where(refill, at::zeros_like(overflow_tracker), overflow_tracker));
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
-  overflow_tracker.copy_(new_overflow);
+  if (new_overflow.defined()) {
+    overflow_tracker.copy_(new_overflow);
+  }
 }
 
 }  // namespace
@@ -140,7 +131,6 @@ const AmpBackend& amp_backend() {
                                 check_finite_,
                                 check_and_norm_,
                                 update_scale_,
-                                update_scale_guarded_,
                                 /*clip_factors_=*/nullptr,
                                 /*start_flag_read_=*/nullptr};
   return table;
