@@ -58,10 +58,9 @@ struct AmpBackend {
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
   // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
   // `scale`, or undefined where `guards` hold hysteresis at 1 (it would stay 0).
-  void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker,
-                        at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                        double growth_factor, double backoff_factor, int64_t growth_interval,
-                        const detail::ScaleGuards& guards);
+  void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
+                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
+                        int64_t growth_interval, const detail::ScaleGuards& guards);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
   // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not

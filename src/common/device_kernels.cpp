@@ -9,8 +9,7 @@
 namespace lucid {
 namespace {
 
-using Registry =
-    std::array<DeviceKernels, static_cast<size_t>(c10::COMPILE_TIME_MAX_DEVICE_TYPES)>;
+using Registry = std::array<DeviceKernels, static_cast<size_t>(c10::COMPILE_TIME_MAX_DEVICE_TYPES)>;
 
 // Filled here rather than by a static object in each device's translation unit: lucid_amp
 // is a static library by default, and a linker leaves out an object file that nothing
@@ -19,10 +18,10 @@ using Registry =
 Registry make_registry() {
   Registry registry{};
   registry[static_cast<size_t>(c10::DeviceType::CPU)] = {&amp::cpu::amp_backend(),
-                                                          &optim::cpu::fused_backend()};
+                                                         &optim::cpu::fused_backend()};
 #ifdef LUCID_AMP_WITH_CUDA
   registry[static_cast<size_t>(c10::DeviceType::CUDA)] = {&amp::cuda::amp_backend(),
-                                                           &optim::cuda::fused_backend()};
+                                                          &optim::cuda::fused_backend()};
 #endif
   return registry;
 }

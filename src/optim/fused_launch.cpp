@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #include "optim/fused_launch.h"
 
-#include "common/plain_tensor.h"
 #include "common/device_kernels.h"
+#include "common/plain_tensor.h"
 #include "optim/fused_backend.h"
 
 #include <c10/util/Exception.h>

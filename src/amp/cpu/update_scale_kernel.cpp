@@ -18,8 +18,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr;
   const detail::ScaleState next = detail::next_scale_state(
       {*scale_ptr, *tracker_ptr, overflow_ptr != nullptr ? *overflow_ptr : 0},
-      *found_inf.data_ptr<float>() != 0.0f, growth_factor, backoff_factor, growth_interval,
-      guards);
+      *found_inf.data_ptr<float>() != 0.0f, growth_factor, backoff_factor, growth_interval, guards);
   *scale_ptr = next.scale;
   *tracker_ptr = next.growth_tracker;
   if (overflow_ptr != nullptr) {
