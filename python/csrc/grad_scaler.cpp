@@ -20,10 +20,13 @@
 
 #include <torch/csrc/DynamicTypes.h>
 
+#include "amp/norm_agreement.h"
+
 #include <cstdint>
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace lucid {
@@ -173,6 +176,23 @@ void bind_grad_scaler(py::module& m) {
         }),
         py::arg("parameters"), py::arg("max_norm"), py::arg("norm_type") = 2.0,
         py::arg("error_if_nonfinite") = false);
+  // A sharded clip's agreement (NOTE: [Sharded norm agreement] in src/amp/norm_agreement.h)
+  // for lucid_amp.distributed, whose process group does the all-reduce: the payload and
+  // whether it reduces with MAX (else SUM), then the reduced payload written back.
+  m.def("_norm_agreement_payload",
+        torch::wrap_pybind_function([](const at::Tensor& found_inf, const at::Tensor& norm_partial,
+                                       double norm_type) {
+          amp::detail::NormAgreementPayload payload = amp::detail::norm_agreement_payload(
+              found_inf, norm_partial, norm_type, "lucid_amp.distributed");
+          return std::make_tuple(payload.values, payload.reduce_max);
+        }),
+        py::arg("found_inf"), py::arg("norm_partial"), py::arg("norm_type"));
+  m.def("_apply_norm_agreement",
+        torch::wrap_pybind_function([](const at::Tensor& reduced, at::Tensor found_inf,
+                                       at::Tensor norm_partial, double norm_type) {
+          amp::detail::apply_norm_agreement(reduced, found_inf, norm_partial, norm_type);
+        }),
+        py::arg("reduced"), py::arg("found_inf"), py::arg("norm_partial"), py::arg("norm_type"));
   py::class_<GradScaler>(m, "_GradScaler",
                          "lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.")
       .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),

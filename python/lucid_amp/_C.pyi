@@ -36,6 +36,19 @@ def clip_grad_norm_(
     (on the gradients' device); error_if_nonfinite: a non-finite norm raises RuntimeError
     before anything is clipped."""
 
+def _norm_agreement_payload(
+    found_inf: torch.Tensor, norm_partial: torch.Tensor, norm_type: float
+) -> tuple[torch.Tensor, bool]:
+    """A sharded clip's agreement: the tensor lucid_amp.distributed all-reduces and
+    whether with MAX (else SUM). ValueError for norm_type <= 0, RuntimeError for a flag or
+    partial that is not one float32 element, or on different devices."""
+
+def _apply_norm_agreement(
+    reduced: torch.Tensor, found_inf: torch.Tensor, norm_partial: torch.Tensor, norm_type: float
+) -> None:
+    """Writes the agreed flag (0 or 1) and norm partial from the reduced payload into
+    found_inf and norm_partial, in place."""
+
 class _GradScaler:
     """lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.
 

@@ -12,12 +12,12 @@ CPU scale, NCCL for a CUDA one. As for the C++ binding (lucid::distributed), eve
 calls scale() each iteration and unscales/steps the same optimizers in the same order.
 """
 
-import math
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from . import _C
 from .grad_scaler import GradScaler
 
 __all__ = ["bind_to_group", "unbind"]
@@ -35,24 +35,14 @@ class OverflowAgreement:
         self.all_reduces += 1
 
     def agree_with_norm(self, found_inf: torch.Tensor, partial: torch.Tensor, norm_type: float) -> None:
-        """Sharded clip_grad_norm_: the flag and the norm's partial in one all-reduce. For
-        a finite p, [flag, partial] with SUM: the flags' sum is non-zero exactly when a rank
-        overflowed, and the partials (sums of |g|**p over disjoint shards) add up to the
-        partial of all gradients. For inf, MAX; a backend's MAX need not keep NaN (Gloo's
-        does not, reliably), so a NaN partial travels as 0 beside a marker and comes back
-        as NaN on every rank. Nothing is read back to the host."""
-        if math.isinf(norm_type):
-            nan = torch.isnan(partial)
-            buf = torch.stack([found_inf, torch.where(nan, torch.zeros_like(partial), partial),
-                               nan.to(partial.dtype)])
-            dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
-            combined = torch.where(buf[2] > 0, torch.full_like(buf[1], math.nan), buf[1])
-        else:
-            buf = torch.stack([found_inf, partial])
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
-            combined = buf[1]
-        found_inf.copy_((buf[0] != 0).to(found_inf.dtype))
-        partial.copy_(combined)
+        """Sharded clip_grad_norm_: the flag and the norm's partial in one all-reduce, packed
+        and read back by the C++ core as lucid::distributed does (SUM for a finite p, MAX
+        for inf, a NaN partial kept as NaN on every rank). Nothing is read back to the
+        host."""
+        values, reduce_max = _C._norm_agreement_payload(found_inf, partial, norm_type)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX if reduce_max else dist.ReduceOp.SUM,
+                        group=self.group)
+        _C._apply_norm_agreement(values, found_inf, partial, norm_type)
         self.all_reduces += 1
 
 

@@ -24,7 +24,7 @@
 // single optimizer), on the flag's device: Gloo on the CPU, NCCL on CUDA. The flag is not
 // read back here; GradScaler::step reads it once, as it always does. In sharded mode
 // clip_grad_norm_'s all-reduce carries the norm's partial beside the flag (NOTE: [Sharded
-// norm agreement] below): still one per optimizer per iteration.
+// norm agreement] in src/amp/norm_agreement.h): still one per optimizer per iteration.
 //
 // What every rank must do alike: call scale() every iteration before unscale_/step (the
 // flag exists once the scale does; a rank that owns no gradients of an optimizer still
@@ -46,14 +46,14 @@
 
 #include <lucid/distributed/overflow_agreement.h>
 
+#include "amp/norm_agreement.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <chrono>
-#include <cmath>
 #include <exception>
-#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -86,15 +86,6 @@ void wait_until_completed(c10d::Work& work, std::chrono::steady_clock::time_poin
     }
   }
   work.wait(timeout);
-}
-
-// A 1-element float32 contiguous tensor, or a c10::Error naming `what` ("overflow flag").
-void check_one_float(const at::Tensor& tensor, const char* what) {
-  TORCH_CHECK(tensor.defined(), "OverflowAgreement::agree_ got an undefined ", what, ".");
-  TORCH_CHECK(tensor.scalar_type() == at::kFloat && tensor.numel() == 1,
-              "OverflowAgreement::agree_ expects a 1-element float32 ", what, ", got a ",
-              tensor.scalar_type(), " tensor of ", tensor.numel(), " elements.");
-  TORCH_CHECK(tensor.is_contiguous(), "OverflowAgreement::agree_ expects a contiguous ", what, ".");
 }
 
 // All-reduce number `number` of `agreement`, in place, waited for as its options say; a
@@ -150,56 +141,24 @@ int OverflowAgreement::rank() const { return group_->getRank(); }
 int OverflowAgreement::world_size() const { return group_->getSize(); }
 
 void OverflowAgreement::agree_(torch::Tensor& found_inf) {
-  check_one_float(found_inf, "overflow flag");
+  amp::detail::check_agreement_operand(found_inf, "overflow flag", "OverflowAgreement::agree_");
   // A 1-element view shares the flag's storage, so the in-place all-reduce lands in it.
   std::vector<at::Tensor> tensors{found_inf.view({1})};
   all_reduce(*this, ++all_reduces_, tensors, allreduce_options(c10d::ReduceOp::MAX),
              found_inf.is_cpu());
 }
 
-// NOTE: [Sharded norm agreement]
-// A gradient norm's partial (amp::FoundInfNormHook) travels beside the flag in one
-// all-reduce, as [flag, partial] reduced with SUM for a finite p: a sum of 0/1 flags is
-// non-zero exactly when some rank overflowed, and the partials (sums of |g|^p over
-// disjoint shards) add up to the partial of all gradients, differing from one process's
-// only in the order of the float32 additions: no root is taken before the sum, so none
-// is undone after it. An inf or NaN partial reaches every rank through the sum. For inf
-// the partials (largest |g|) combine by MAX, and so does the flag, but a backend's MAX
-// need not keep NaN (Gloo's is std::max, whose result with a NaN depends on the order),
-// so a NaN partial travels as 0 with a third element that says so, and comes back as
-// NaN on every rank.
-// The flag comes back as 0 or 1; turning a non-finite combined norm into an overflow is
-// the scaler's part, identical on every rank because the combined partial is.
+// The payload and its reading are the core's (NOTE: [Sharded norm agreement] in
+// src/amp/norm_agreement.h), shared with the Python binding; the all-reduce is c10d's.
 void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
                                double norm_type) {
-  TORCH_CHECK_VALUE(norm_type > 0.0,
-                    "OverflowAgreement::agree_: norm_type must be > 0 (a finite p or inf), got ",
-                    norm_type, ".");
-  check_one_float(found_inf, "overflow flag");
-  check_one_float(norm_partial, "norm partial");
-  TORCH_CHECK(norm_partial.device() == found_inf.device(),
-              "OverflowAgreement::agree_ expects the norm partial on the flag's device (",
-              found_inf.device(), "), got it on ", norm_partial.device(), ".");
-  const at::Tensor flag = found_inf.reshape({});
-  const at::Tensor partial = norm_partial.reshape({});
-  if (std::isinf(norm_type)) {
-    const at::Tensor is_nan = partial.isnan();
-    std::vector<at::Tensor> payload{
-        at::stack({flag, partial.masked_fill(is_nan, 0.0), is_nan.to(at::kFloat)})};
-    all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::MAX),
-               found_inf.is_cpu());
-    const at::Tensor combined = payload[0];
-    found_inf.copy_(combined[0].ne(0.0));
-    norm_partial.copy_(
-        combined[1].masked_fill(combined[2].ne(0.0), std::numeric_limits<float>::quiet_NaN()));
-    return;
-  }
-  std::vector<at::Tensor> payload{at::stack({flag, partial})};
-  all_reduce(*this, ++all_reduces_, payload, allreduce_options(c10d::ReduceOp::SUM),
+  amp::detail::NormAgreementPayload payload = amp::detail::norm_agreement_payload(
+      found_inf, norm_partial, norm_type, "OverflowAgreement::agree_");
+  std::vector<at::Tensor> tensors{payload.values};
+  all_reduce(*this, ++all_reduces_, tensors,
+             allreduce_options(payload.reduce_max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM),
              found_inf.is_cpu());
-  const at::Tensor combined = payload[0];
-  found_inf.copy_(combined[0].ne(0.0));
-  norm_partial.copy_(combined[1]);
+  amp::detail::apply_norm_agreement(tensors[0], found_inf, norm_partial, norm_type);
 }
 
 std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
