@@ -28,8 +28,9 @@ void check_plain_tensor(const at::Tensor& t, const char* who, const Which&... wh
       is_plain_tensor(t), who, ": ", which...,
       " is a tensor subclass that overrides __torch_dispatch__ (such as the DTensor of "
       "FSDP2's fully_shard or of tensor parallelism), whose data lies in local shards that "
-      "lucid-amp's kernels cannot reach through it. Nothing was changed. Use "
-      "torch.amp.GradScaler and torch.optim for such parameters.");
+      "lucid-amp's kernels cannot reach through it. Nothing was changed. From Python, "
+      "lucid_amp.GradScaler unscales such gradients on their local shards; step such "
+      "parameters with a torch.optim optimizer.");
 }
 
 }  // namespace common
