@@ -57,7 +57,7 @@ struct AmpBackend {
   // PyTorch's sawtooth, else with hysteresis (and its refill mode) and max_scale.
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
   // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
-  // `scale`, or undefined where `guards` hold hysteresis at 1 (it would stay 0).
+  // `scale`; undefined only where `guards` hold hysteresis at 1 (it would stay 0).
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                         const at::Tensor& found_inf, double growth_factor, double backoff_factor,
                         int64_t growth_interval, const detail::ScaleGuards& guards);

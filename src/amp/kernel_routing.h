@@ -85,8 +85,8 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 //                     growth after `growth_interval` clean updates, unless that overflows
 //                     float32, capped at guards.max_scale.
 //   growth_tracker:   int32, 0-dim, same device: overflow-free updates since the last change.
-//   overflow_tracker: int32, 0-dim, same device: overflows absorbed by hysteresis; undefined
-//                     where guards.hysteresis is 1.
+//   overflow_tracker: int32, 0-dim, same device: overflows absorbed by hysteresis. May be
+//                     undefined only where guards.hysteresis is 1 (it would stay 0).
 //   found_inf:        float32, 0-dim, same device; non-zero means overflow.
 //   guards:           the default ScaleGuards give PyTorch's rule.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
