@@ -103,10 +103,12 @@ def local_param_groups(optimizer, groups: List[List[torch.Tensor]]) -> List[List
 
 def agreement_groups(optimizer) -> List["dist.ProcessGroup"]:
     """The process groups over which ``optimizer``'s overflow flag is agreed: one per mesh
-    dimension on which a DTensor gradient is not Replicate, each once, in the order the
-    gradients first name them (the same on every rank of a model built alike). A DTensor
-    parameter without a gradient counts by its own placements, so that a rank holding no
-    gradient still joins the same all-reduces as the others."""
+    dimension on which a DTensor gradient is not Replicate, each set of ranks once (two
+    meshes of the same layout may hand out distinct group objects over the same ranks,
+    and a MAX repeated over them would only cost a collective), in the order the gradients
+    first name them (the same on every rank of a model built alike). A DTensor parameter
+    without a gradient counts by its own placements, so that a rank holding no gradient
+    still joins the same all-reduces as the others."""
     groups: List["dist.ProcessGroup"] = []
     seen = set()
     for group in optimizer.param_groups:
@@ -117,8 +119,9 @@ def agreement_groups(optimizer) -> List["dist.ProcessGroup"]:
             mesh = t.device_mesh
             dims = tuple(d for d, placement in enumerate(t.placements) if not placement.is_replicate())
             for pg in _dimension_groups(mesh, dims):
-                if id(pg) not in seen:
-                    seen.add(id(pg))
+                ranks = tuple(dist.get_process_group_ranks(pg))
+                if ranks not in seen:
+                    seen.add(ranks)
                     groups.append(pg)
     return groups
 

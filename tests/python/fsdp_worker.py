@@ -149,7 +149,8 @@ def train(impl, scenario, rank, world):
     scaler = make("cpu", init_scale=2.0**10, growth_interval=3)
     agreement = lucid_amp.distributed.bind_to_group(scaler) if ours and bind else None
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
-    record = {"scales": [], "skips": [], "norms": [], "losses": [], "params": [], "collectives": []}
+    record = {"scales": [], "skips": [], "norms": [], "losses": [], "params": [], "collectives": [],
+              "collective_ops": []}
     for step in range(STEPS):
         if resume and step == RESUME_AT:
             # The scaler's state (pickled, as torch.save does) moves into a new scaler.
@@ -183,6 +184,7 @@ def train(impl, scenario, rank, world):
             scaler.step(opt)
         scaler.update()
         record["collectives"].append(comms.get_total_counts())
+        record["collective_ops"].append({str(op): n for op, n in comms.get_comm_counts().items()})
         record["scales"].append(scaler.get_scale())
         record["skips"].append(bool(torch.equal(before, local_flat(model))))
         record["norms"].append(norm_record(norm))

@@ -62,7 +62,9 @@ def check(ranks, names):
             # The collectives between backward and the step's end: PyTorch's (the agreement
             # and the clipping's), plus, where bound, the user's hook once per step.
             bound = name.endswith("_bound")
-            assert ours["collectives"] == [n + bound for n in theirs["collectives"]], where
+            assert ours["collectives"] == [n + bound for n in theirs["collectives"]], (
+                f"{where}: lucid_amp's collectives {ours['collective_ops'][0]}, "
+                f"PyTorch's {theirs['collective_ops'][0]} (first step)")
             if bound:
                 assert ours["all_reduces"] == 8, where
 

@@ -26,6 +26,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 import lucid_amp
+from fused_support import skip_unless_fused_runs_on
 
 IMPLS = {"torch": torch.amp.GradScaler, "lucid": lucid_amp.GradScaler}
 
@@ -293,6 +294,8 @@ def test_grad_scaling_autocast(impl, device, optimizer_ctor, optimizer_kwargs, t
     adaptive optimizers (Adam, AdamW; Adagrad and RMSprop too) magnify the float16 rounding
     past the tolerance, so for them the scaled run is compared with torch.amp.GradScaler's
     scaled run instead."""
+    if optimizer_kwargs.get("fused"):
+        skip_unless_fused_runs_on(optimizer_ctor, device)
     run = autocast_run(try_pickle)
     if optimizer_ctor is torch.optim.SGD:
         run_scaling_case(impl, device, run, unskipped=3, skipped=1, atol=1e-3,
@@ -551,29 +554,40 @@ def test_grad_scaling_autocast_fused_optimizers(impl, device, optimizer_ctor, se
                 scaler.unscale_(opt)
             scaler.step(opt)
             scaler.update()
+        # PyTorch's tolerance (assert_close's float32 default): on CUDA the fused Adam's
+        # moments differ from the for-loop's by up to 3e-6 after four steps, either scaler.
         for pc, ps in zip(control.parameters(), scaled.parameters()):
-            torch.testing.assert_close(pc.grad, ps.grad, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(pc, ps, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(pc.grad, ps.grad)
+            torch.testing.assert_close(pc, ps)
             sc, ss = opt_control.state[pc], opt_scaled.state[ps]
             for k in sc:
-                torch.testing.assert_close(sc[k], ss[k].reshape(sc[k].shape), rtol=1e-5, atol=1e-6,
-                                           msg=k)
+                # The fused optimizer keeps "step" on the parameters' device, the for-loop
+                # one on the CPU (unless capturable).
+                torch.testing.assert_close(sc[k], ss[k].reshape(sc[k].shape).to(sc[k].device),
+                                           msg=lambda m, k=k: f"{k}: {m}")
 
 
 @pytest.mark.parametrize("optimizer_ctor", fused_optimizers(
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad))
 def test_grad_scaler_with_preset_grad_scale(impl, device, optimizer_ctor):
     """A grad_scale the caller set on a fused optimizer multiplies the scaler's: the
-    gradients are divided by both, and neither is left on the optimizer."""
-    weight = torch.ones((5, 5), device=device, requires_grad=True)
-    weight.grad = torch.full_like(weight, 15.0)
-    opt = optimizer_ctor([weight], lr=0.1, fused=True)
-    scaler = make_scaler(impl, device, init_scale=5.0)
-    scaler.scale(torch.ones(5, device=device))
-    opt.grad_scale = torch.tensor(3.0, device=device)
-    scaler.step(opt)
-    assert torch.equal(weight.grad, torch.ones_like(weight))
-    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+    gradients are divided by both. What is left on the optimizer afterwards is what
+    torch.amp.GradScaler leaves (nothing, except on torch 2.11's fused Adagrad, which keeps
+    a grad_scale)."""
+    skip_unless_fused_runs_on(optimizer_ctor, device)
+
+    def run(impl):
+        weight = torch.ones((5, 5), device=device, requires_grad=True)
+        weight.grad = torch.full_like(weight, 15.0)
+        opt = optimizer_ctor([weight], lr=0.1, fused=True)
+        scaler = make_scaler(impl, device, init_scale=5.0)
+        scaler.scale(torch.ones(5, device=device))
+        opt.grad_scale = torch.tensor(3.0, device=device)
+        scaler.step(opt)
+        assert torch.equal(weight.grad, torch.ones_like(weight))
+        return hasattr(opt, "grad_scale"), hasattr(opt, "found_inf")
+
+    assert run(impl) == run("torch")
 
 
 class _PlaceHolderOptimizer(torch.optim.Optimizer):
@@ -694,7 +708,8 @@ GRAPH_IMPLS = [pytest.param("torch", id="torch"),
                pytest.param("lucid", id="lucid", marks=_NOT_CAPTURABLE)]
 
 
-@pytest.mark.parametrize("graph_impl", GRAPH_IMPLS)
+# Only scale() and the backward are captured; step() and update() run eagerly.
+@pytest.mark.parametrize("graph_impl", ["torch", "lucid"])
 def test_graph_grad_scaling(graph_impl, device):
     if device != "cuda":
         pytest.skip("needs CUDA")
