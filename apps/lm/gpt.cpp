@@ -61,7 +61,7 @@ TinyGptImpl::TinyGptImpl(const GptShape& shape) : shape_(shape) {
 
 torch::Tensor TinyGptImpl::round_(const torch::Tensor& t, bool count) {
   const bool counted = count && at::GradMode::is_enabled() && t.requires_grad();
-  return trainer::grad_probe(t, fp16_range_, flush_subnormals_,
+  return apps::grad_probe(t, fp16_range_, flush_subnormals_,
                              counted ? &grad_zeros_ : nullptr);
 }
 

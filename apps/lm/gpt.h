@@ -37,7 +37,7 @@ class TinyGptImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
 
   /// The CPU's float16 emulation, as the CNN's (NOTE: [float16 range emulation] in
-  /// apps/trainer/fp16_range.cpp): every input, weight, bias and output of a linear and of
+  /// apps/common/fp16_range.cpp): every input, weight, bias and output of a linear and of
   /// the two attention matmuls, forwards and backwards, rounded through float16.
   void set_fp16_range(bool on, bool flush_subnormals) {
     fp16_range_ = on;
@@ -46,7 +46,7 @@ class TinyGptImpl : public torch::nn::Module {
   /// Zero entries among the gradients that crossed a linear backwards (activations,
   /// weights, biases; after float16 rounding where it is on). The attention matmuls are
   /// left out: the causal mask zeroes half of their gradients in every precision.
-  trainer::GradZeroCounter& grad_zeros() { return grad_zeros_; }
+  apps::GradZeroCounter& grad_zeros() { return grad_zeros_; }
   const GptShape& shape() const { return shape_; }
 
  private:
@@ -65,7 +65,7 @@ class TinyGptImpl : public torch::nn::Module {
   torch::nn::Linear head_{nullptr};
   bool fp16_range_ = false;
   bool flush_subnormals_ = false;
-  trainer::GradZeroCounter grad_zeros_;
+  apps::GradZeroCounter grad_zeros_;
 };
 TORCH_MODULE(TinyGpt);
 

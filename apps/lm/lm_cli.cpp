@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <exception>
 
-#include "cli.h"
+#include "guarded_main.h"
 #include "lm_report.h"
 #include "progress_bar.h"
-#include "report.h"
+#include "run_report.h"
 
 namespace lucid {
 namespace lm {
@@ -19,9 +19,9 @@ namespace lm {
 std::optional<LmOptions> parse_lm_cli(int argc, char** argv, int& exit_code) {
   LmOptions o;
   LmConfig& c = o.config;
-  std::string precision = trainer::to_string(c.precision);
+  std::string precision = apps::to_string(c.precision);
   std::vector<std::string> modes;
-  for (auto p : o.modes) modes.push_back(trainer::to_string(p));
+  for (auto p : o.modes) modes.push_back(apps::to_string(p));
   const std::vector<std::string> names = {"fp32", "fp16", "fp16-scaled", "bf16"};
 
   CLI::App app{
@@ -105,19 +105,19 @@ std::optional<LmOptions> parse_lm_cli(int argc, char** argv, int& exit_code) {
     exit_code = app.exit(e);
     return std::nullopt;
   }
-  c.precision = trainer::parse_precision(precision);
+  c.precision = apps::parse_precision(precision);
   c.flush_subnormals = subnormals == "flush";
   o.modes.clear();
-  for (const auto& m : modes) o.modes.push_back(trainer::parse_precision(m));
+  for (const auto& m : modes) o.modes.push_back(apps::parse_precision(m));
   exit_code = 0;
   return o;
 }
 
 std::vector<LmResult> run_lm_app(const LmOptions& o) {
   if (o.threads > 0) at::set_num_threads(o.threads);
-  trainer::ensure_writable_dir(o.out_dir);
+  apps::ensure_writable_dir(o.out_dir);
   if (o.plot) {
-    TORCH_CHECK(!trainer::find_gnuplot().empty(), "gnuplot not found on PATH: the loss plot "
+    TORCH_CHECK(!apps::find_gnuplot().empty(), "gnuplot not found on PATH: the loss plot "
                 "needs it. Install it with `apt-get install gnuplot-nox`, or pass --no-plot.");
   }
   const ByteCorpus corpus = load_fortunes(o.corpus_dir, 0.05, o.limit_bytes);
@@ -141,20 +141,20 @@ std::vector<LmResult> run_lm_app(const LmOptions& o) {
                                        : "; fp16 = real float16 autocast");
   std::fflush(stdout);
 
-  const auto modes = o.compare ? o.modes : std::vector<trainer::Precision>{o.config.precision};
+  const auto modes = o.compare ? o.modes : std::vector<apps::Precision>{o.config.precision};
   std::vector<LmResult> results;
-  std::vector<trainer::RunResult> runs;
+  std::vector<apps::RunRecord> runs;
   for (auto p : modes) {
     LmConfig config = o.config;
     config.precision = p;
     LmTrainer t(config, corpus);
-    trainer::ProgressBar bar(trainer::to_string(p));
-    results.push_back(t.run([&](const trainer::StepEvent& e) {
+    apps::ProgressBar bar(apps::to_string(p));
+    results.push_back(t.run([&](const apps::StepEvent& e) {
       if (o.progress) bar.update(e);
     }));
     bar.finish();
     runs.push_back(results.back().run);
-    std::printf("%-11s validation loss %.3f -> %.3f nats/byte\n", trainer::to_string(p).c_str(),
+    std::printf("%-11s validation loss %.3f -> %.3f nats/byte\n", apps::to_string(p).c_str(),
                 results.back().val_loss_start, results.back().val_loss);
     std::fflush(stdout);
   }
@@ -165,12 +165,12 @@ std::vector<LmResult> run_lm_app(const LmOptions& o) {
                 static_cast<long long>(o.config.steps),
                 static_cast<long long>(o.config.batch_size * s.context),
                 o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
-  trainer::write_logs(o.out_dir, "lm_log.csv", "lm_curves.png", runs, title, o.plot);
+  apps::write_logs(o.out_dir, "lm_log.csv", "lm_curves.png", runs, title, o.plot);
   return results;
 }
 
 int lm_main(int argc, char** argv) {
-  return trainer::guarded_main(argc, argv, parse_lm_cli, run_lm_app);
+  return apps::guarded_main(argc, argv, parse_lm_cli, run_lm_app);
 }
 
 }  // namespace lm

@@ -16,7 +16,7 @@ namespace lm {
 struct LmOptions {
   LmConfig config;               ///< config.precision is the single run's precision
   bool compare = false;          ///< run `modes` one after the other and tabulate
-  std::vector<trainer::Precision> modes = trainer::all_precisions();
+  std::vector<apps::Precision> modes = apps::all_precisions();
   std::string corpus_dir = fortunes_dir();
   std::string out_dir = "out_lm";
   int64_t limit_bytes = 0;       ///< 0: the whole corpus

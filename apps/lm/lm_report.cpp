@@ -11,7 +11,7 @@ namespace lm {
 std::string lm_results_table(const std::vector<LmResult>& runs) {
   const LmResult* fp32 = nullptr;
   for (const auto& r : runs) {
-    if (r.run.precision == trainer::Precision::kFp32) fp32 = &r;
+    if (r.run.precision == apps::Precision::kFp32) fp32 = &r;
   }
   std::ostringstream out;
   char line[256];
@@ -24,7 +24,7 @@ std::string lm_results_table(const std::vector<LmResult>& runs) {
     if (fp32 && &r != fp32) std::snprintf(gap, sizeof gap, "%+.3f", r.val_loss - fp32->val_loss);
     std::snprintf(line, sizeof line,
                   "%-12s %9.3f %9.3f %9s %8.3f %10.3f %6.1f s %6lld %8lld %12g %9.2f %%\n",
-                  trainer::to_string(r.run.precision).c_str(), r.val_loss_start, r.val_loss, gap,
+                  apps::to_string(r.run.precision).c_str(), r.val_loss_start, r.val_loss, gap,
                   r.val_loss / std::log(2.0), r.train_loss_last, r.run.train_seconds,
                   static_cast<long long>(r.run.steps), static_cast<long long>(r.run.skipped),
                   r.run.final_scale, 100.0 * r.run.zero_grad_fraction);

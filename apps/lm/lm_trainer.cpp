@@ -24,10 +24,10 @@
 namespace lucid {
 namespace lm {
 
-using trainer::Precision;
+using apps::Precision;
 
 LmTrainer::LmTrainer(LmConfig config, const ByteCorpus& corpus)
-    : config_(std::move(config)), device_(trainer::parse_training_device(config_.device)) {
+    : config_(std::move(config)), device_(apps::parse_training_device(config_.device)) {
   const GptShape& s = config_.shape;
   TORCH_CHECK_VALUE(config_.batch_size >= 1, "batch size must be >= 1, got ",
                     config_.batch_size, ".");
@@ -37,14 +37,14 @@ LmTrainer::LmTrainer(LmConfig config, const ByteCorpus& corpus)
   TORCH_CHECK_VALUE(corpus.train.numel() > s.context + 1 && corpus.val.numel() > s.context + 1,
                     "the corpus (", corpus.train.numel(), " training and ", corpus.val.numel(),
                     " validation bytes) is shorter than one ", s.context + 1, "-byte window.");
-  if (device_.is_cuda()) trainer::use_exact_cuda_float32();
+  if (device_.is_cuda()) apps::use_exact_cuda_float32();
   train_ = corpus.train.to(device_);
   val_ = corpus.val.to(device_);
 
   torch::manual_seed(config_.seed);
   model_ = TinyGpt(s);  // built on the CPU: the same weights on every device
   model_->to(device_);
-  model_->set_fp16_range(trainer::is_fp16(config_.precision) && device_.is_cpu(),
+  model_->set_fp16_range(apps::is_fp16(config_.precision) && device_.is_cpu(),
                          config_.flush_subnormals);
   optimizer_ = std::make_unique<lucid::optim::FusedAdamW>(
       model_->parameters(),
@@ -53,7 +53,7 @@ LmTrainer::LmTrainer(LmConfig config, const ByteCorpus& corpus)
       lucid::amp::GradScalerOptions()
           .init_scale(config_.init_scale)
           .growth_interval(config_.growth_interval)
-          .enabled(trainer::uses_scaler(config_.precision)));
+          .enabled(apps::uses_scaler(config_.precision)));
   result_.precision = config_.precision;
   result_.final_scale = scaler_->get_scale();
 }
@@ -74,9 +74,9 @@ at::Tensor LmTrainer::loss_(const at::Tensor& windows) {
   at::Tensor logits;
   {
     std::optional<lucid::amp::autocast> guard;
-    if (config_.precision == Precision::kBf16) {
+    if (config_.precision == apps::Precision::kBf16) {
       guard.emplace(device_.type(), at::kBFloat16);
-    } else if (trainer::is_fp16(config_.precision) && device_.is_cuda()) {
+    } else if (apps::is_fp16(config_.precision) && device_.is_cuda()) {
       guard.emplace(device_.type(), at::kHalf);
     }
     logits = model_->forward(windows.narrow(1, 0, t));
@@ -109,7 +109,7 @@ void LmTrainer::train_step_(int64_t step) {
   result_.skipped = scaler_->counters().overflow_updates;
   result_.final_scale = scaler_->get_scale();
   result_.log.push_back(
-      trainer::StepRecord{result_.steps, loss.item<double>(), result_.final_scale, result_.skipped});
+      apps::StepRecord{result_.steps, loss.item<double>(), result_.final_scale, result_.skipped});
 }
 
 double LmTrainer::evaluate() {
@@ -141,7 +141,7 @@ LmResult LmTrainer::run(const OnStep& on_step) {
     t0 = t1;
     if (on_step) {
       const auto& last = result_.log.back();
-      on_step(trainer::StepEvent{0, 1, step + 1, config_.steps, last.step, config_.steps,
+      on_step(apps::StepEvent{0, 1, step + 1, config_.steps, last.step, config_.steps,
                                  last.loss, last.scale, last.skipped, result_.train_seconds});
     }
   }

@@ -14,7 +14,7 @@
 #include "corpus.h"
 #include "gpt.h"
 #include "precision.h"
-#include "trainer.h"
+#include "run_record.h"
 
 namespace lucid {
 namespace lm {
@@ -22,7 +22,7 @@ namespace lm {
 /// What a run does; a run is a function of its config and corpus (seeded init, batches
 /// drawn from a generator seeded per step, no dropout).
 struct LmConfig {
-  trainer::Precision precision = trainer::Precision::kFp16Scaled;
+  apps::Precision precision = apps::Precision::kFp16Scaled;
   std::string device = "cpu";
   GptShape shape;
   int64_t batch_size = 32;        ///< sequences per step; the loss is the mean over B x T
@@ -38,10 +38,10 @@ struct LmConfig {
   int64_t growth_interval = 100;
 };
 
-/// Outcome of a run: the CNN's RunResult (step log, time, skipped steps, final scale,
-/// zero-gradient share; its accuracy fields unused) and the validation loss.
+/// Outcome of a run: its totals and step log (time, skipped steps, final scale,
+/// zero-gradient share) and the validation loss.
 struct LmResult {
-  trainer::RunResult run;
+  apps::RunRecord run;
   double val_loss_start = 0;   ///< mean token cross-entropy (nats) before training
   double val_loss = 0;         ///< after training
   double train_loss_last = 0;  ///< mean of the last 20 steps' training losses
@@ -49,7 +49,7 @@ struct LmResult {
 
 class LmTrainer {
  public:
-  using OnStep = std::function<void(const trainer::StepEvent&)>;
+  using OnStep = std::function<void(const apps::StepEvent&)>;
 
   /// Seeds LibTorch with config.seed and builds model, FusedAdamW and scaler; the corpus
   /// must outlive the trainer. c10::ValueError for a bad config or a corpus shorter than
@@ -75,7 +75,7 @@ class LmTrainer {
   TinyGpt model_{nullptr};
   std::unique_ptr<lucid::optim::FusedAdamW> optimizer_;
   std::unique_ptr<lucid::amp::GradScaler> scaler_;
-  trainer::RunResult result_;
+  apps::RunRecord result_;
 };
 
 }  // namespace lm

@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "progress_bar.h"
 #include "report.h"
+#include "run_report.h"
 
 namespace lucid {
 namespace trainer {
@@ -19,21 +20,21 @@ namespace trainer {
 void run_app(const CliOptions& o) {
   namespace fs = std::filesystem;
   if (o.threads > 0) at::set_num_threads(o.threads);
-  ensure_writable_dir(o.out_dir);
-  if (!o.save_path.empty()) ensure_writable_file(o.save_path);
+  apps::ensure_writable_dir(o.out_dir);
+  if (!o.save_path.empty()) apps::ensure_writable_file(o.save_path);
   if (!o.resume_path.empty()) {
     std::error_code ec;
     TORCH_CHECK(fs::is_regular_file(o.resume_path, ec), "cannot resume: checkpoint ",
                 o.resume_path, " does not exist.");
   }
   if (o.plot) {
-    TORCH_CHECK(!find_gnuplot().empty(), "gnuplot not found on PATH: the loss plot needs it. "
+    TORCH_CHECK(!apps::find_gnuplot().empty(), "gnuplot not found on PATH: the loss plot needs it. "
                 "Install it with `apt-get install gnuplot-nox`, or pass --no-plot.");
   }
 
   const FashionMnist data = load_fashion_mnist(o.data_dir, o.train_limit, o.test_limit);
-  const std::vector<Precision> modes =
-      o.compare ? o.modes : std::vector<Precision>{o.config.precision};
+  const std::vector<apps::Precision> modes =
+      o.compare ? o.modes : std::vector<apps::Precision>{o.config.precision};
   std::printf("Fashion-MNIST from %s: %lld training images, %lld test images\n",
               o.data_dir.c_str(), static_cast<long long>(data.train.size()),
               static_cast<long long>(data.test.size()));
@@ -50,23 +51,23 @@ void run_app(const CliOptions& o) {
   std::fflush(stdout);
 
   std::vector<RunResult> results;
-  for (Precision p : modes) {
+  for (apps::Precision p : modes) {
     TrainConfig config = o.config;
     config.precision = p;
     Trainer trainer(config, data.train, data.test);
     if (!o.resume_path.empty()) {
       trainer.load(o.resume_path);
-      std::printf("%s: resumed from %s at step %lld (scale %g)\n", to_string(p).c_str(),
+      std::printf("%s: resumed from %s at step %lld (scale %g)\n", apps::to_string(p).c_str(),
                   o.resume_path.c_str(), static_cast<long long>(trainer.result().steps),
                   trainer.scaler().get_scale());
     }
-    ProgressBar bar(to_string(p));
-    auto on_step = [&](const StepEvent& e) {
+    apps::ProgressBar bar(apps::to_string(p));
+    auto on_step = [&](const apps::StepEvent& e) {
       if (o.progress) bar.update(e);
     };
     auto on_epoch = [&](int64_t epoch, double accuracy) {
       bar.finish();
-      std::printf("%-11s epoch %lld: test accuracy %.2f %%\n", to_string(p).c_str(),
+      std::printf("%-11s epoch %lld: test accuracy %.2f %%\n", apps::to_string(p).c_str(),
                   static_cast<long long>(epoch + 1), accuracy);
       std::fflush(stdout);
     };
@@ -86,7 +87,8 @@ void run_app(const CliOptions& o) {
                 static_cast<long long>(data.train.size()),
                 static_cast<long long>(o.config.epochs),
                 o.config.device == "cpu" ? "CPU (float16 range emulated)" : "CUDA");
-  write_logs(o.out_dir, "train_log.csv", "train_curves.png", results, title, o.plot);
+  apps::write_logs(o.out_dir, "train_log.csv", "train_curves.png",
+                   std::vector<apps::RunRecord>(results.begin(), results.end()), title, o.plot);
 }
 
 }  // namespace trainer

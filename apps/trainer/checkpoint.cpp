@@ -155,10 +155,10 @@ void Trainer::load(const std::string& path) {
                       saved, ", this run has ", mine, ": resume with ", flag, " ", saved,
                       " (they decide the trajectory).");
   };
-  const auto saved_precision = static_cast<Precision>(get_int(state, "precision", path));
+  const auto saved_precision = static_cast<apps::Precision>(get_int(state, "precision", path));
   TORCH_CHECK_VALUE(saved_precision == config_.precision, "checkpoint ", path,
-                    " was written by a ", to_string(saved_precision), " run; resume it with "
-                    "--precision ", to_string(saved_precision), ".");
+                    " was written by a ", apps::to_string(saved_precision), " run; resume it with "
+                    "--precision ", apps::to_string(saved_precision), ".");
   check_same("batch size", get_int(state, "batch_size", path), config_.batch_size,
              "--batch-size");
   check_same("seed", static_cast<uint64_t>(get_int(state, "seed", path)), config_.seed, "--seed");
@@ -205,7 +205,7 @@ void Trainer::load(const std::string& path) {
   result_.train_seconds = get_double(state, "train_seconds", path);
   result_.log.clear();
   for (int64_t i = 0; i < steps; ++i) {
-    result_.log.push_back(StepRecord{i + 1, loss.data_ptr<double>()[i],
+    result_.log.push_back(apps::StepRecord{i + 1, loss.data_ptr<double>()[i],
                                      scale.data_ptr<double>()[i], skipped.data_ptr<int64_t>()[i]});
   }
   result_.epoch_accuracy.assign(accuracy.data_ptr<double>(),

@@ -7,15 +7,17 @@
 #include <cstdio>
 #include <exception>
 
+#include "guarded_main.h"
+
 namespace lucid {
 namespace trainer {
 
 std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
   CliOptions o;
   TrainConfig& c = o.config;
-  std::string precision = to_string(c.precision);
+  std::string precision = apps::to_string(c.precision);
   std::vector<std::string> modes;
-  for (Precision p : o.modes) modes.push_back(to_string(p));
+  for (apps::Precision p : o.modes) modes.push_back(apps::to_string(p));
 
   CLI::App app{
       "lucid_amp_trainer: trains a small CNN on Fashion-MNIST in fp32, fp16 without loss "
@@ -124,17 +126,17 @@ std::optional<CliOptions> parse_cli(int argc, char** argv, int& exit_code) {
     exit_code = app.exit(e);
     return std::nullopt;
   }
-  c.precision = parse_precision(precision);
+  c.precision = apps::parse_precision(precision);
   c.loss_norm = loss_norm == "batch" ? LossNorm::kBatchMean : LossNorm::kDatasetSum;
   c.flush_subnormals = subnormals == "flush";
   o.modes.clear();
-  for (const auto& m : modes) o.modes.push_back(parse_precision(m));
+  for (const auto& m : modes) o.modes.push_back(apps::parse_precision(m));
   exit_code = 0;
   return o;
 }
 
 int trainer_main(int argc, char** argv) {
-  return guarded_main(argc, argv, parse_cli, run_app);
+  return apps::guarded_main(argc, argv, parse_cli, run_app);
 }
 
 }  // namespace trainer

@@ -3,10 +3,6 @@
 
 // The command line of lucid_amp_trainer (CLI11) and the program it drives.
 
-#include <c10/util/Exception.h>
-
-#include <cstdio>
-#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,7 +18,7 @@ namespace trainer {
 struct CliOptions {
   TrainConfig config;                ///< config.precision is the single run's precision
   bool compare = false;              ///< run `modes` one after the other and tabulate
-  std::vector<Precision> modes = all_precisions();
+  std::vector<apps::Precision> modes = apps::all_precisions();
   std::string data_dir = fashion_mnist_dir();
   std::string out_dir = "out";
   std::string save_path;             ///< empty: no checkpoint
@@ -46,25 +42,6 @@ void run_app(const CliOptions& options);
 /// main(): parse_cli, then run_app; an error goes to stderr as one clear message and
 /// gives exit code 1.
 int trainer_main(int argc, char** argv);
-
-/// A program's main() around its parse and run: `parse(argc, argv, exit_code)` returns the
-/// options, or nullopt with the exit code (--help, a bad flag); `run(options)` does the
-/// work. A c10::Error or std::exception ends it with one message on stderr and status 1.
-template <typename Parse, typename Run>
-int guarded_main(int argc, char** argv, Parse parse, Run run) {
-  int code = 0;
-  try {
-    auto options = parse(argc, argv, code);
-    if (!options) return code;
-    run(*options);
-    return 0;
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
-  }
-  return 1;
-}
 
 }  // namespace trainer
 }  // namespace lucid

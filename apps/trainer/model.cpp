@@ -29,7 +29,7 @@ SmallCnnImpl::SmallCnnImpl(double head_init_gain) {
 
 torch::Tensor SmallCnnImpl::q_(const torch::Tensor& t) {
   // Counting only where a gradient will flow; evaluation passes straight through.
-  return grad_probe(t, fp16_range_, flush_subnormals_,
+  return apps::grad_probe(t, fp16_range_, flush_subnormals_,
                     at::GradMode::is_enabled() && t.requires_grad() ? &grad_zeros_ : nullptr);
 }
 

@@ -36,7 +36,7 @@ class SmallCnnImpl : public torch::nn::Module {
   bool fp16_range() const { return fp16_range_; }
   /// Zero entries among the gradients that crossed the convs and linears backwards
   /// (activations, weights, biases; after float16 rounding where it is on).
-  GradZeroCounter& grad_zeros() { return grad_zeros_; }
+  apps::GradZeroCounter& grad_zeros() { return grad_zeros_; }
 
  private:
   torch::Tensor q_(const torch::Tensor& t);
@@ -45,7 +45,7 @@ class SmallCnnImpl : public torch::nn::Module {
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
   bool fp16_range_ = false;
   bool flush_subnormals_ = true;
-  GradZeroCounter grad_zeros_;
+  apps::GradZeroCounter grad_zeros_;
 };
 TORCH_MODULE(SmallCnn);
 

@@ -32,7 +32,7 @@ namespace lucid {
 namespace trainer {
 
 Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
-    : config_(std::move(config)), device_(parse_training_device(config_.device)),
+    : config_(std::move(config)), device_(apps::parse_training_device(config_.device)),
       train_(train), test_(test) {
   TORCH_CHECK_VALUE(config_.epochs >= 1, "epochs must be >= 1, got ", config_.epochs, ".");
   TORCH_CHECK_VALUE(config_.batch_size >= 1, "batch size must be >= 1, got ",
@@ -44,7 +44,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
                     config_.max_steps, ".");
   TORCH_CHECK_VALUE(train.size() > 0 && test.size() > 0,
                     "the training and test sets must not be empty.");
-  if (device_.is_cuda()) use_exact_cuda_float32();
+  if (device_.is_cuda()) apps::use_exact_cuda_float32();
   train_images_ = train.images.to(device_);
   train_labels_ = train.labels.to(device_);
   test_images_ = test.images.to(device_);
@@ -54,7 +54,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
   model_ = SmallCnn(config_.head_init_gain);
   model_->to(device_);
   // Real float16 autocast exists on CUDA; on the CPU, float16 is emulated.
-  model_->set_fp16_range(is_fp16(config_.precision) && device_.is_cpu(),
+  model_->set_fp16_range(apps::is_fp16(config_.precision) && device_.is_cpu(),
                          config_.flush_subnormals);
   optimizer_ = std::make_unique<torch::optim::Adam>(model_->parameters(),
                                                     torch::optim::AdamOptions(config_.lr));
@@ -64,7 +64,7 @@ Trainer::Trainer(TrainConfig config, const Dataset& train, const Dataset& test)
       lucid::amp::GradScalerOptions()
           .init_scale(config_.init_scale)
           .growth_interval(config_.growth_interval)
-          .enabled(uses_scaler(config_.precision)));
+          .enabled(apps::uses_scaler(config_.precision)));
   result_.precision = config_.precision;
   result_.final_scale = scaler_->get_scale();
 }
@@ -89,9 +89,9 @@ at::Tensor Trainer::epoch_order_(int64_t epoch) const {
 
 at::Tensor Trainer::forward_(const at::Tensor& x) {
   std::optional<lucid::amp::autocast> guard;
-  if (config_.precision == Precision::kBf16) {
+  if (config_.precision == apps::Precision::kBf16) {
     guard.emplace(device_.type(), at::kBFloat16);
-  } else if (is_fp16(config_.precision) && device_.is_cuda()) {
+  } else if (apps::is_fp16(config_.precision) && device_.is_cuda()) {
     guard.emplace(device_.type(), at::kHalf);
   }
   // The loss is computed in float32, as autocast would do for cross_entropy anyway.
@@ -118,7 +118,7 @@ void Trainer::train_step_(const at::Tensor& index) {
   if (!stepped) result_.skipped += 1;
   result_.final_scale = scaler_->get_scale();
   result_.log.push_back(
-      StepRecord{result_.steps, per_example.mean().item<double>(), result_.final_scale,
+      apps::StepRecord{result_.steps, per_example.mean().item<double>(), result_.final_scale,
                  result_.skipped});
 }
 
@@ -156,7 +156,7 @@ RunResult Trainer::run(const OnStep& on_step, const OnEpoch& on_epoch) {
       evaluated_last = false;
       if (on_step) {
         const auto& last = result_.log.back();
-        on_step(StepEvent{epoch_, config_.epochs, batch_, per_epoch, last.step, total,
+        on_step(apps::StepEvent{epoch_, config_.epochs, batch_, per_epoch, last.step, total,
                           last.loss, last.scale, last.skipped, result_.train_seconds});
       }
     }

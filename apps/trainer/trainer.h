@@ -16,6 +16,7 @@
 #include "idx_reader.h"
 #include "model.h"
 #include "precision.h"
+#include "run_record.h"
 
 namespace lucid {
 namespace trainer {
@@ -29,7 +30,7 @@ enum class LossNorm {
 /// What a run does. Everything that decides the trajectory is here, so a run is a
 /// function of its config and data (seeded init, seeded data order, no dropout).
 struct TrainConfig {
-  Precision precision = Precision::kFp16Scaled;
+  apps::Precision precision = apps::Precision::kFp16Scaled;
   std::string device = "cpu";     ///< "cpu" or "cuda"
   int64_t epochs = 1;
   int64_t batch_size = 64;
@@ -50,47 +51,18 @@ struct TrainConfig {
   int64_t growth_interval = 20;   ///< GradScaler (fp16-scaled only); short: a demo run
 };
 
-/// One line of the step log.
-struct StepRecord {
-  int64_t step;     ///< 1-based, counted over all epochs
-  double loss;      ///< mean cross-entropy of this step's batch (whatever the LossNorm)
-  double scale;     ///< the loss scale after this step's update (1 without scaling)
-  int64_t skipped;  ///< steps skipped so far (overflow), this one included
-};
-
-/// What the progress bar shows after each step.
-struct StepEvent {
-  int64_t epoch;            ///< 0-based
-  int64_t epochs;
-  int64_t step_in_epoch;    ///< 1-based
-  int64_t steps_per_epoch;
-  int64_t step;             ///< 1-based, over all epochs
-  int64_t total_steps;      ///< of the whole run (max_steps taken into account)
-  double loss, scale;
-  int64_t skipped;
-  double elapsed_s;         ///< training time of this run so far, resumed parts included
-};
-
-/// Outcome of a run (also available part-way through, via Trainer::result()).
-struct RunResult {
-  Precision precision = Precision::kFp32;
+/// Outcome of a run (also available part-way through, via Trainer::result()): the totals
+/// and step log of every program's run, and the CNN's test accuracies.
+struct RunResult : apps::RunRecord {
   std::vector<double> epoch_accuracy;  ///< test accuracy (%) after each finished epoch
   double test_accuracy = 0;            ///< test accuracy (%) at the end of the run
-  double train_seconds = 0;            ///< training time, evaluation excluded
-  int64_t steps = 0;
-  int64_t skipped = 0;
-  double final_scale = 1.0;
-  /// Of all gradient entries that crossed a conv or linear backwards (activations,
-  /// weights, biases), the share that was exactly 0 (SmallCnnImpl::grad_zeros).
-  double zero_grad_fraction = 0;
-  std::vector<StepRecord> log;
 };
 
 /// Trains a SmallCnn with Adam on `train` and evaluates it on `test`. The datasets must
 /// outlive the Trainer.
 class Trainer {
  public:
-  using OnStep = std::function<void(const StepEvent&)>;
+  using OnStep = std::function<void(const apps::StepEvent&)>;
   using OnEpoch = std::function<void(int64_t epoch, double test_accuracy)>;
 
   /// Seeds LibTorch's global generator with config.seed and builds model, optimizer and

@@ -19,7 +19,7 @@
 #include "lm_cli.h"
 
 using namespace lucid::lm;
-using lucid::trainer::Precision;
+using lucid::apps::Precision;
 namespace fs = std::filesystem;
 
 namespace {
@@ -62,7 +62,7 @@ TEST(LmShortRun, FourPrecisionsLearnAndUnscaledFloat16LosesGradients) {
   const auto& scaled = runs[2];
   EXPECT_EQ(fp16.run.precision, Precision::kFp16);
   for (const auto& r : runs) {
-    SCOPED_TRACE(lucid::trainer::to_string(r.run.precision));
+    SCOPED_TRACE(lucid::apps::to_string(r.run.precision));
     EXPECT_EQ(r.run.steps, 60);
     // Same weights: the same start, up to the precision's rounding of the evaluation.
     EXPECT_NEAR(r.val_loss_start, fp32.val_loss_start, 0.02);
@@ -99,7 +99,7 @@ TEST(LmShortRun, CudaAutocastRunsWithTheScalerOnTheGpu) {
   const auto runs = run_lm_app(o);
   ASSERT_EQ(runs.size(), 4u);
   for (const auto& r : runs) {
-    SCOPED_TRACE(lucid::trainer::to_string(r.run.precision));
+    SCOPED_TRACE(lucid::apps::to_string(r.run.precision));
     EXPECT_LT(r.val_loss, r.val_loss_start - 1.5);
   }
   std::printf("measured on CUDA, zero gradient entries: fp32 %.2f %%, fp16 %.2f %%, "

@@ -14,12 +14,14 @@
 
 #include "cli.h"
 #include "report.h"
+#include "run_report.h"
 #include "trainer.h"
 
 #include "../support/scratch_dir.h"
 
 namespace fs = std::filesystem;
 using namespace lucid::trainer;
+namespace apps = lucid::apps;
 
 namespace {
 bool have_data() {
@@ -31,7 +33,7 @@ TEST(EndToEnd, AccuracyRisesOnASubsetOfFashionMnist) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   const FashionMnist data = load_fashion_mnist(fashion_mnist_dir(), 4800, 1000);
   TrainConfig c;
-  c.precision = Precision::kFp16Scaled;
+  c.precision = apps::Precision::kFp16Scaled;
   Trainer t(c, data.train, data.test);
   const double before = t.evaluate();
   const RunResult r = t.run();
@@ -48,12 +50,12 @@ TEST(EndToEnd, ProgramWritesTableCsvAndPlot) {
   const fs::path& out = scratch.path();
   CliOptions o;
   o.compare = true;
-  o.modes = {Precision::kFp32, Precision::kFp16Scaled};
+  o.modes = {apps::Precision::kFp32, apps::Precision::kFp16Scaled};
   o.train_limit = 640;
   o.test_limit = 500;
   o.out_dir = out.string();
   o.progress = false;
-  o.plot = !find_gnuplot().empty();
+  o.plot = !apps::find_gnuplot().empty();
   run_app(o);
   std::ifstream csv(out / "train_log.csv");
   std::string header, line;
@@ -73,7 +75,7 @@ TEST(EndToEnd, CudaFp16AutocastWithTheScalerOnTheGpu) {
   const FashionMnist data = load_fashion_mnist(fashion_mnist_dir(), 4800, 1000);
   TrainConfig c;
   c.device = "cuda";
-  c.precision = Precision::kFp16Scaled;
+  c.precision = apps::Precision::kFp16Scaled;
   Trainer t(c, data.train, data.test);
   const double before = t.evaluate();
   const RunResult r = t.run();
@@ -88,7 +90,7 @@ TEST(EndToEnd, CudaStartsFromTheCpusWeightsAndData) {
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   const FashionMnist data = load_fashion_mnist(fashion_mnist_dir(), 640, 100);
   TrainConfig c;
-  c.precision = Precision::kFp32;
+  c.precision = apps::Precision::kFp32;
   c.max_steps = 1;
   Trainer cpu(c, data.train, data.test);
   c.device = "cuda";

@@ -13,10 +13,10 @@
 #include "fp16_range.h"
 #include "model.h"
 
-using lucid::trainer::fp16_range;
-using lucid::trainer::grad_probe;
-using lucid::trainer::GradZeroCounter;
-using lucid::trainer::round_through_half;
+using lucid::apps::fp16_range;
+using lucid::apps::grad_probe;
+using lucid::apps::GradZeroCounter;
+using lucid::apps::round_through_half;
 using lucid::trainer::SmallCnn;
 
 TEST(Fp16Range, ForwardRoundsToTheNearestFloat16AndKeepsTheDtype) {

@@ -21,6 +21,7 @@
 #include "trainer.h"
 
 using namespace lucid::trainer;
+namespace apps = lucid::apps;
 using lucid_test::Observed;
 using lucid_test::ScratchDir;
 
@@ -38,7 +39,7 @@ Dataset synthetic(int64_t n, uint64_t seed) {
 
 TrainConfig resume_config() {
   TrainConfig c;
-  c.precision = Precision::kFp16Scaled;
+  c.precision = apps::Precision::kFp16Scaled;
   c.batch_size = 16;
   c.epochs = 2;
   c.seed = 7;
@@ -165,7 +166,7 @@ TEST_F(Resume, TheScalerIsStoredAsGradScalerSaveWritesIt) {
 TEST_F(Resume, CheckpointOfAnotherPrecisionIsRefused) {
   const std::string path = saved(2, "other.pt");
   TrainConfig c = resume_config();
-  c.precision = Precision::kFp32;
+  c.precision = apps::Precision::kFp32;
   Trainer other(c, train_, test_);
   EXPECT_TRUE(lucid_test::ThrowsValueError("resume it with --precision fp16-scaled",
                                            [&] { other.load(path); }));

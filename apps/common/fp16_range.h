@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 
 /// Rounds `x` to the nearest float16 value and back to x's dtype (round to nearest even,
 /// magnitudes past 65504 become inf; float16 subnormals, below 2^-14, kept as IEEE and
@@ -36,5 +36,5 @@ at::Tensor grad_probe(const at::Tensor& x, bool round_fp16, bool flush_subnormal
 /// `flush_subnormals`, every result below 2^-14 in magnitude set to 0.
 at::Tensor round_through_half(const at::Tensor& x, bool flush_subnormals = false);
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid

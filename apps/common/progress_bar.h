@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <string>
 
-#include "trainer.h"
+#include "run_record.h"
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 
 /// Redraws one line (on a terminal, at most ten times a second) or, when stderr is not a
 /// terminal, prints a plain line every tenth of the run, so that logs stay short.
@@ -35,5 +35,5 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_draw_{};
 };
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid

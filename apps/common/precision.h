@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
-// The four ways the trainer can run, and their names on the command line.
+// The four precisions either program trains in, and their names on the command line.
 
 #include <c10/core/Device.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 
 /// fp32: plain float32. fp16: float16 forward and backward, no loss scaling (gradients
 /// underflow). fp16-scaled: the same with lucid::amp::GradScaler. bf16: bfloat16 autocast
@@ -37,5 +37,5 @@ c10::Device parse_training_device(const std::string& name);
 /// has one context); harmless where no GPU is used.
 void use_exact_cuda_float32();
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid

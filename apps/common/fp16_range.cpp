@@ -15,7 +15,7 @@
 // roundings, and are divided by s in float32 only after them.
 // Subnormals (2^-24 <= |x| < 2^-14): CUDA keeps them for float16, and so does the CPU
 // conversion through c10::Half (exact IEEE rounding). Apple's Metal, the reference API's
-// device, flushes them to zero; the trainer emulates that by default
+// device, flushes them to zero; both programs emulate that by default
 // (--fp16-subnormals flush), since it is the case the reference API describes and
 // the one where a small CNN's gradients, with the usual batch-mean loss, underflow.
 
@@ -24,7 +24,7 @@
 #include <torch/autograd.h>
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 namespace {
 
 struct Fp16Range : public torch::autograd::Function<Fp16Range> {
@@ -94,5 +94,5 @@ at::Tensor fp16_range(const at::Tensor& x, bool flush_subnormals) {
   return Fp16Range::apply(x, flush_subnormals);
 }
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid

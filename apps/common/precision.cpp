@@ -6,7 +6,7 @@
 #include <torch/cuda.h>
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 
 std::string to_string(Precision precision) {
   switch (precision) {
@@ -51,5 +51,5 @@ void use_exact_cuda_float32() {
   context.setDeterministicCuDNN(true);
 }
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid

@@ -6,7 +6,7 @@
 #include <cmath>
 
 namespace lucid {
-namespace trainer {
+namespace apps {
 namespace {
 
 std::string clock_text(double seconds) {
@@ -65,5 +65,5 @@ void ProgressBar::finish() {
   std::fflush(out_);
 }
 
-}  // namespace trainer
+}  // namespace apps
 }  // namespace lucid
