@@ -5,8 +5,8 @@
 //
 // NOTE: [Scaler state on the device]
 // The scale (float32) and the growth tracker (int32) are 0-dim tensors on the device of
-// the first tensor the scaler meets (the first scaled output, or the first gradient when
-// unscale_/step come before any scale()). unscale_ writes each optimizer's overflow flag
+// the first scale() output; unscale_, clip_grad_norm_ and step refuse to run before it
+// (as torch.amp.GradScaler, whose scale is made there too). unscale_ writes each optimizer's overflow flag
 // on that device and update() changes the scale there, so neither waits for the device.
 // Only step() reads one 4-byte flag back, to decide whether to run the optimizer's step,
 // and get_scale()/state_dict() read the scale back (the opt-in guards and diagnostics
