@@ -421,10 +421,11 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     const int64_t interval = 1 + rng() % 4;
     const int64_t hysteresis = 1 + rng() % 4;
     const double max_scale = (rng() % 2) ? kInf : std::ldexp(1.0, 8 + rng() % 8);
-    lucid::amp::detail::ScaleGuards guards;
-    guards.hysteresis = hysteresis;
-    guards.refill_on_clean = trial % 2 == 1;
-    guards.max_scale = static_cast<float>(max_scale);
+    lucid::amp::detail::ScaleRule rule;
+    rule.growth_interval = interval;
+    rule.hysteresis = hysteresis;
+    rule.refill_on_clean = trial % 2 == 1;
+    rule.max_scale = static_cast<float>(max_scale);
     lucid::amp::detail::ScaleState model{256.0f, 0, 0};
     auto make = [] {
       return std::vector<at::Tensor>{at::full({}, 256.0f), at::zeros({}, at::kInt),
@@ -435,11 +436,10 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     for (int i = 0; i < 60; ++i) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
-      model = lucid::amp::detail::next_scale_state(model, found, 2.0, 0.5, interval, guards);
-      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, 2.0, 0.5, interval,
-                                        guards);
+      model = lucid::amp::detail::next_scale_state(model, found, rule);
+      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule);
       lucid::amp::generic::amp_backend().update_scale_(generic[0], generic[1], generic[2], flag,
-                                                       2.0, 0.5, interval, guards);
+                                                       rule);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
@@ -450,14 +450,18 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
 }
 
 TEST(GuardKernels, GuardsOffTwinIsPyTorchsRule) {
-  // next_scale_state with default guards == PyTorch's two-field rule (above the floor).
+  // next_scale_state with the guards off == PyTorch's two-field rule (above the floor).
   std::mt19937 rng(3);
+  lucid::amp::detail::ScaleRule rule;
+  rule.growth_factor = 1.7;
+  rule.backoff_factor = 0.3;
+  rule.growth_interval = 3;
   lucid::amp::detail::ScaleState s{1000.0f, 0};
   float scale = 1000.0f;
   int32_t tracker = 0;
   for (int i = 0; i < 500; ++i) {
     const bool found = rng() % 5 == 0;
-    s = lucid::amp::detail::next_scale_state(s, found, 1.7, 0.3, 3);
+    s = lucid::amp::detail::next_scale_state(s, found, rule);
     if (found) {
       scale = static_cast<float>(scale * 0.3);
       tracker = 0;

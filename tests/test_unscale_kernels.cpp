@@ -188,19 +188,27 @@ struct Schedule {
   int32_t tracker;
 };
 
+// PyTorch's rule: the three parameters, the guards off.
+lucid::amp::detail::ScaleRule rule_without_guards(double growth, double backoff, int64_t interval) {
+  lucid::amp::detail::ScaleRule rule;
+  rule.growth_factor = growth;
+  rule.backoff_factor = backoff;
+  rule.growth_interval = interval;
+  return rule;
+}
+
 Schedule run_update(bool generic, Schedule s, bool found, double growth, double backoff,
                     int64_t interval) {
   at::Tensor scale = at::full({}, s.scale, at::kFloat);
   at::Tensor tracker = at::full({}, s.tracker, at::kInt);
   const at::Tensor found_inf = at::full({}, found ? 1.0f : 0.0f, at::kFloat);
   at::Tensor no_overflow_tracker;
-  const lucid::amp::detail::ScaleGuards off;
+  const lucid::amp::detail::ScaleRule rule = rule_without_guards(growth, backoff, interval);
   if (generic) {
-    lucid::amp::generic::amp_backend().update_scale_(scale, tracker, no_overflow_tracker,
-                                                     found_inf, growth, backoff, interval, off);
+    lucid::amp::generic::amp_backend().update_scale_(scale, tracker, no_overflow_tracker, found_inf,
+                                                     rule);
   } else {
-    lucid::amp::cpu::update_scale_(scale, tracker, no_overflow_tracker, found_inf, growth,
-                                   backoff, interval, off);
+    lucid::amp::cpu::update_scale_(scale, tracker, no_overflow_tracker, found_inf, rule);
   }
   return {scale.item<float>(), tracker.item<int32_t>()};
 }
@@ -254,7 +262,8 @@ TEST(UpdateScale, NonPowerOfTwoFactorsFollowEachBackendsRule) {
       const bool found = (i % 7 == 3);
       s = run_update(generic, s, found, 1.7, 0.3, 2);
       model = generic ? next_in_float32(model, found, 1.7f, 0.3f, 2)
-                      : lucid::amp::detail::next_scale_state(model, found, 1.7, 0.3, 2);
+                      : lucid::amp::detail::next_scale_state(model, found,
+                                                             rule_without_guards(1.7, 0.3, 2));
       EXPECT_EQ(s.scale, model.scale) << (generic ? "generic" : "cpu") << ", iteration " << i;
       EXPECT_EQ(s.tracker, model.growth_tracker) << "iteration " << i;
     }

@@ -21,6 +21,7 @@
 #include <torch/csrc/DynamicTypes.h>
 
 #include "amp/norm_agreement.h"
+#include "amp/scaler_state.h"
 
 #include <cstdint>
 #include <map>
@@ -102,67 +103,75 @@ py::dict counters_dict(const amp::ScalerCounters& c) {
   return d;
 }
 
+// The options as Python values, by the option table (NOTE: [One declaration per option]
+// in src/amp/scaler_state.h): an enum by its name.
 py::dict options_dict(const GradScalerOptions& o) {
   py::dict d;
-  d["init_scale"] = o.init_scale();
-  d["growth_factor"] = o.growth_factor();
-  d["backoff_factor"] = o.backoff_factor();
-  d["growth_interval"] = o.growth_interval();
-  d["enabled"] = o.enabled();
-  d["min_scale"] = o.min_scale();
-  d["max_scale"] = o.max_scale();
-  d["hysteresis"] = o.hysteresis();
-  d["min_scale_policy"] =
-      o.min_scale_policy() == amp::MinScalePolicy::kClamp ? "clamp" : "throw";
-  d["hysteresis_refill"] = o.hysteresis_refill() == amp::HysteresisRefill::kOnCleanUpdate
-                               ? "on_clean_update"
-                               : "on_growth";
-  d["overflow_warning_streak"] = o.overflow_warning_streak();
-  d["max_overflow_streak"] = o.max_overflow_streak();
-  d["strict_inf_checks"] = o.strict_inf_checks();
+  for (const amp::detail::OptionEntry& entry : amp::detail::option_table()) {
+    switch (entry.kind) {
+      case amp::detail::OptionKind::kDouble:
+        d[entry.key] = entry.get(o).toDouble();
+        break;
+      case amp::detail::OptionKind::kInt:
+        d[entry.key] = entry.get(o).toInt();
+        break;
+      case amp::detail::OptionKind::kBool:
+        d[entry.key] = entry.get(o).toBool();
+        break;
+      case amp::detail::OptionKind::kEnum:
+        d[entry.key] = amp::detail::enum_name(entry, o);
+        break;
+    }
+  }
   return d;
 }
 
-amp::MinScalePolicy min_scale_policy_of(const std::string& name) {
-  if (name == "throw") {
-    return amp::MinScalePolicy::kThrow;
-  }
-  TORCH_CHECK_VALUE(name == "clamp", "GradScaler: min_scale_policy must be 'throw' or 'clamp', got '",
-                    name, "'.");
-  return amp::MinScalePolicy::kClamp;
-}
-
-amp::HysteresisRefill hysteresis_refill_of(const std::string& name) {
-  if (name == "on_growth") {
-    return amp::HysteresisRefill::kOnGrowth;
-  }
-  TORCH_CHECK_VALUE(name == "on_clean_update",
-                    "GradScaler: hysteresis_refill must be 'on_growth' or 'on_clean_update', got '",
-                    name, "'.");
-  return amp::HysteresisRefill::kOnCleanUpdate;
-}
-
-std::unique_ptr<GradScaler> make_scaler(double init_scale, double growth_factor,
-                                        double backoff_factor, int64_t growth_interval,
-                                        bool enabled, double min_scale, double max_scale,
-                                        int64_t hysteresis, const std::string& min_scale_policy,
-                                        const std::string& hysteresis_refill,
-                                        int64_t overflow_warning_streak,
-                                        int64_t max_overflow_streak, bool strict_inf_checks) {
+// A scaler from keyword arguments named as the option table's keys (each optional, the
+// C++ default otherwise): a float or an int for a float option, an int for an integer, a
+// bool, an enum by its name. TypeError for an unknown keyword or a value of another
+// type, ValueError (the core's checks) for one out of range.
+std::unique_ptr<GradScaler> make_scaler(const py::kwargs& kwargs) {
   GradScalerOptions options;
-  options.init_scale(init_scale)
-      .growth_factor(growth_factor)
-      .backoff_factor(backoff_factor)
-      .growth_interval(growth_interval)
-      .enabled(enabled)
-      .min_scale(min_scale)
-      .max_scale(max_scale)
-      .hysteresis(hysteresis)
-      .min_scale_policy(min_scale_policy_of(min_scale_policy))
-      .hysteresis_refill(hysteresis_refill_of(hysteresis_refill))
-      .overflow_warning_streak(overflow_warning_streak)
-      .max_overflow_streak(max_overflow_streak)
-      .strict_inf_checks(strict_inf_checks);
+  for (const auto& item : kwargs) {
+    const std::string key = py::str(item.first);
+    const amp::detail::OptionEntry* entry = amp::detail::find_option(key);
+    if (entry == nullptr) {
+      throw py::type_error("GradScaler: unexpected keyword argument '" + key + "'.");
+    }
+    const py::handle value = item.second;
+    const bool is_bool = py::isinstance<py::bool_>(value);
+    const bool is_int = py::isinstance<py::int_>(value) && !is_bool;
+    auto refuse = [&](const char* expected) {
+      throw py::type_error("GradScaler: " + key + " must be " + expected + ", got " +
+                           std::string(Py_TYPE(value.ptr())->tp_name) + ".");
+    };
+    switch (entry->kind) {
+      case amp::detail::OptionKind::kDouble:
+        if (!is_int && !py::isinstance<py::float_>(value)) {
+          refuse("a float");
+        }
+        entry->set(options, c10::IValue(value.cast<double>()));
+        break;
+      case amp::detail::OptionKind::kInt:
+        if (!is_int) {
+          refuse("an int");
+        }
+        entry->set(options, c10::IValue(value.cast<int64_t>()));
+        break;
+      case amp::detail::OptionKind::kBool:
+        if (!is_bool) {
+          refuse("a bool");
+        }
+        entry->set(options, c10::IValue(value.cast<bool>()));
+        break;
+      case amp::detail::OptionKind::kEnum:
+        if (!py::isinstance<py::str>(value)) {
+          refuse("a str");
+        }
+        entry->set(options, c10::IValue(amp::detail::enum_value(*entry, value.cast<std::string>())));
+        break;
+    }
+  }
   return std::make_unique<GradScaler>(options);
 }
 
@@ -195,12 +204,7 @@ void bind_grad_scaler(py::module& m) {
         py::arg("reduced"), py::arg("found_inf"), py::arg("norm_partial"), py::arg("norm_type"));
   py::class_<GradScaler>(m, "_GradScaler",
                          "lucid::amp::GradScaler; use lucid_amp.GradScaler, which wraps it.")
-      .def(py::init(torch::wrap_pybind_function(make_scaler)), py::arg("init_scale"),
-           py::arg("growth_factor"), py::arg("backoff_factor"), py::arg("growth_interval"),
-           py::arg("enabled"), py::arg("min_scale"), py::arg("max_scale"),
-           py::arg("hysteresis"), py::arg("min_scale_policy"), py::arg("hysteresis_refill"),
-           py::arg("overflow_warning_streak"), py::arg("max_overflow_streak"),
-           py::arg("strict_inf_checks"))
+      .def(py::init(torch::wrap_pybind_function(make_scaler)))
       .def("scale", torch::wrap_pybind_function([](GradScaler& self, const at::Tensor& outputs) {
              return self.scale(outputs);
            }))

@@ -55,24 +55,12 @@ class _GradScaler:
     An optimizer is named by a key (the Python front passes id(optimizer), never 0) and
     handed over as its param groups' parameters on every call."""
 
-    def __init__(
-        self,
-        init_scale: float,
-        growth_factor: float,
-        backoff_factor: float,
-        growth_interval: int,
-        enabled: bool,
-        min_scale: float,
-        max_scale: float,
-        hysteresis: int,
-        min_scale_policy: str,
-        hysteresis_refill: str,
-        overflow_warning_streak: int,
-        max_overflow_streak: int,
-        strict_inf_checks: bool,
-    ) -> None:
-        """min_scale_policy: "throw" or "clamp"; hysteresis_refill: "on_growth" or
-        "on_clean_update"."""
+    def __init__(self, **kwargs: float | int | bool | str) -> None:
+        """Keyword arguments named as lucid::amp::GradScalerOptions' options, each
+        optional (the C++ default otherwise): a float option takes a float or an int, an
+        integer option an int, a bool option a bool, an enum its name (min_scale_policy:
+        "throw" or "clamp"; hysteresis_refill: "on_growth" or "on_clean_update").
+        TypeError for another keyword or type, ValueError for a value out of range."""
     def scale(self, arg0: torch.Tensor, /) -> torch.Tensor:
         """outputs times the scale."""
     def unscale_(self, arg0: int, arg1: _ParamGroups, /) -> None:
@@ -101,7 +89,7 @@ class _GradScaler:
         """The scale as a tensor; None before scale(), unscale_() or step()."""
     def is_enabled(self) -> bool: ...
     def options(self) -> dict[str, Any]:
-        """The constructor's arguments by name (growth and backoff follow
+        """Every option by name, as the constructor takes them (the schedule's follow
         load_state_dict)."""
     def stage(self, arg0: int, /) -> Literal[0, 1, 2]:
         """The stage of the optimizer with key arg0: 0 ready, 1 unscaled, 2 stepped."""

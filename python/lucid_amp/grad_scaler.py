@@ -386,20 +386,21 @@ class GradScaler(torch.amp.GradScaler):
                 stacklevel=2,
             )
             enabled = False
+        # The core checks each option's type and range; the keywords are its option names.
         self._core = _C._GradScaler(
-            float(init_scale),
-            float(growth_factor),
-            float(backoff_factor),
-            _integer("growth_interval", growth_interval),
-            bool(enabled),
-            float(min_scale),
-            float(max_scale),
-            _integer("hysteresis", hysteresis),
-            str(min_scale_policy),
-            str(hysteresis_refill),
-            _integer("overflow_warning_streak", overflow_warning_streak),
-            _integer("max_overflow_streak", max_overflow_streak),
-            bool(strict_inf_checks),
+            init_scale=float(init_scale),
+            growth_factor=float(growth_factor),
+            backoff_factor=float(backoff_factor),
+            growth_interval=_integer("growth_interval", growth_interval),
+            enabled=bool(enabled),
+            min_scale=float(min_scale),
+            min_scale_policy=min_scale_policy,
+            max_scale=float(max_scale),
+            hysteresis=_integer("hysteresis", hysteresis),
+            hysteresis_refill=hysteresis_refill,
+            overflow_warning_streak=_integer("overflow_warning_streak", overflow_warning_streak),
+            max_overflow_streak=_integer("max_overflow_streak", max_overflow_streak),
+            strict_inf_checks=bool(strict_inf_checks),
         )
         self._forget_iteration()
 

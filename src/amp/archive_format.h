@@ -31,12 +31,13 @@ struct ArchiveRecord {
 
 // One entry of the archive: its key, its type, the first format version that has it, and
 // how it is read from and written into an ArchiveRecord (archive_fields() builds these
-// from member pointers, so each entry names its member once).
+// from member pointers, or an option's from the option table, so each entry names its
+// member once). `key` is the entry's own key.
 struct ArchiveField {
   const char* key;
   ArchiveKind kind;
   int64_t since_version;
-  c10::IValue (*read)(const ArchiveRecord& record);
+  c10::IValue (*read)(const ArchiveRecord& record, const char* key);
   // `value` holds `kind` (load checks that first); `key` names it in messages. Throws
   // c10::ValueError for a value the member cannot hold (a scale that is not a float32
   // value, an unknown enum value).

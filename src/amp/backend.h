@@ -53,14 +53,13 @@ struct AmpBackend {
   at::Tensor (*check_and_norm_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                 at::Tensor& found_inf, NormKind kind);
 
-  // One step of the scale rule, detail::next_scale_state: with the default ScaleGuards
+  // One step of the scale rule, detail::next_scale_state: with the guards of `rule` off
   // PyTorch's sawtooth, else with hysteresis (and its refill mode) and max_scale.
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
   // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
-  // `scale`; undefined only where `guards` hold hysteresis at 1 (it would stay 0).
+  // `scale`; undefined only where `rule` holds hysteresis at 1 (it would stay 0).
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                        const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                        int64_t growth_interval, const detail::ScaleGuards& guards);
+                        const at::Tensor& found_inf, const detail::ScaleRule& rule);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
   // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not

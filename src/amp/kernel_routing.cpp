@@ -260,13 +260,11 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                   int64_t growth_interval, const ScaleGuards& guards) {
-  TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || guards.hysteresis == 1,
+                   const at::Tensor& found_inf, const ScaleRule& rule) {
+  TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || rule.hysteresis == 1,
                         "a scale update with hysteresis needs the overflow tracker");
   backend_for_device(scale.device().type())
-      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, growth_factor,
-                     backoff_factor, growth_interval, guards);
+      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule);
 }
 
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {

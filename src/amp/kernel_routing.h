@@ -83,15 +83,14 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 //   scale:            float32, 0-dim. Multiplied by backoff when found_inf != 0 and
 //                     hysteresis absorbs no more (never below detail::kScaleFloor); by
 //                     growth after `growth_interval` clean updates, unless that overflows
-//                     float32, capped at guards.max_scale.
+//                     float32, capped at rule.max_scale.
 //   growth_tracker:   int32, 0-dim, same device: overflow-free updates since the last change.
 //   overflow_tracker: int32, 0-dim, same device: overflows absorbed by hysteresis. May be
-//                     undefined only where guards.hysteresis is 1 (it would stay 0).
+//                     undefined only where rule.hysteresis is 1 (it would stay 0).
 //   found_inf:        float32, 0-dim, same device; non-zero means overflow.
-//   guards:           the default ScaleGuards give PyTorch's rule.
+//   rule:             its parameters (rule_of); with the guards off, PyTorch's rule.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                   int64_t growth_interval, const ScaleGuards& guards);
+                   const at::Tensor& found_inf, const ScaleRule& rule);
 
 // Starts reading `found_inf` (float32, 0-dim) back to the host behind the work queued on
 // its device so far: PendingFlagRead::wait then waits for that work only, not for kernels

@@ -30,10 +30,18 @@ struct ScaleState {
   int32_t overflow_tracker = 0;
 };
 
-// The guards that change the update itself (min_scale is a check, NOTE: [Guards] in
-// src/amp/scale_schedule.h). The defaults are off: next_scale_state is then PyTorch's
-// GradScaler rule exactly, but for the floor (kScaleFloor).
-struct ScaleGuards {
+// Everything one update depends on but the state: PyTorch's three parameters and the
+// guards that change the update itself (min_scale is a check, NOTE: [Guards] in
+// src/amp/scale_schedule.h). Built from a scaler's options in one place (rule_of in
+// scale_schedule.h) and handed to every backend whole. With the guards at their defaults
+// (off) next_scale_state is PyTorch's GradScaler rule exactly, but for the floor
+// (kScaleFloor).
+struct ScaleRule {
+  // The scale is multiplied by growth_factor after growth_interval clean updates in a row,
+  // and by backoff_factor after an overflow.
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
   // Overflowing updates absorbed (step skipped, scale kept) before one backs off; once
   // used up, every overflow backs off until the count is refilled. 1 backs off on every
   // overflow.
@@ -75,38 +83,35 @@ LUCID_HOST_DEVICE inline float smaller(float a, float b) { return b < a ? b : a;
 // device; the floor and the guards are the only additions. Writes what happened to
 // *event when given.
 LUCID_HOST_DEVICE inline ScaleState next_scale_state(ScaleState state, bool found_inf,
-                                                     double growth_factor,
-                                                     double backoff_factor,
-                                                     int64_t growth_interval,
-                                                     const ScaleGuards& guards = ScaleGuards(),
+                                                     const ScaleRule& rule,
                                                      ScaleEvent* event = nullptr) {
   ScaleEvent what = ScaleEvent::kNone;
   ScaleState next = state;
   if (found_inf) {
     next.growth_tracker = 0;
-    if (state.overflow_tracker + 1 < guards.hysteresis) {
+    if (state.overflow_tracker + 1 < rule.hysteresis) {
       // Hysteresis absorbs this overflow: the step was skipped, the scale stays.
       next.overflow_tracker = state.overflow_tracker + 1;
       what = ScaleEvent::kAbsorbed;
     } else {
       // The tracker stays at hysteresis - 1: each further overflow backs off until the
       // count is refilled.
-      const float backed_off = static_cast<float>(state.scale * backoff_factor);
+      const float backed_off = static_cast<float>(state.scale * rule.backoff_factor);
       next.scale = rule::larger(backed_off, rule::smaller(state.scale, kScaleFloor));
       what = ScaleEvent::kBackoff;
     }
   } else {
-    if (guards.refill_on_clean) {
+    if (rule.refill_on_clean) {
       next.overflow_tracker = 0;
     }
     const int32_t successful = state.growth_tracker + 1;
-    if (successful == growth_interval) {
-      const float grown = static_cast<float>(state.scale * growth_factor);
+    if (successful == rule.growth_interval) {
+      const float grown = static_cast<float>(state.scale * rule.growth_factor);
       // Never grow past float32's largest finite value: keep the old scale instead.
       next.scale = rule::is_finite(grown) ? grown : state.scale;
       // max_scale caps growth (never lowers a scale that is below it).
-      if (next.scale > guards.max_scale) {
-        next.scale = rule::larger(guards.max_scale, state.scale);
+      if (next.scale > rule.max_scale) {
+        next.scale = rule::larger(rule.max_scale, state.scale);
       }
       next.growth_tracker = 0;
       next.overflow_tracker = 0;  // growth refills the hysteresis count in both modes

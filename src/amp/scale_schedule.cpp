@@ -13,12 +13,15 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
-ScaleGuards guards_of(const GradScalerOptions& options) {
-  ScaleGuards guards;
-  guards.hysteresis = options.hysteresis();
-  guards.refill_on_clean = options.hysteresis_refill() == HysteresisRefill::kOnCleanUpdate;
-  guards.max_scale = static_cast<float>(options.max_scale());
-  return guards;
+ScaleRule rule_of(const GradScalerOptions& options) {
+  ScaleRule rule;
+  rule.growth_factor = options.growth_factor();
+  rule.backoff_factor = options.backoff_factor();
+  rule.growth_interval = options.growth_interval();
+  rule.hysteresis = options.hysteresis();
+  rule.refill_on_clean = options.hysteresis_refill() == HysteresisRefill::kOnCleanUpdate;
+  rule.max_scale = static_cast<float>(options.max_scale());
+  return rule;
 }
 
 ScaleSchedule::ScaleSchedule(GradScalerOptions options)
@@ -61,8 +64,7 @@ void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tra
   // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
   at::Tensor unused;
   update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
-                options_.growth_factor(), options_.backoff_factor(), options_.growth_interval(),
-                guards_of(options_));
+                rule_of(options_));
 }
 
 void ScaleSchedule::advance(const at::Tensor& found_inf) {
@@ -101,37 +103,21 @@ void ScaleSchedule::commit(const Proposal& proposal) {
 
 ScalerSnapshot ScaleSchedule::snapshot() const {
   ScalerSnapshot s;
+  s.options = options_;
   s.scale = scale_.defined() ? scale_.item<float>() : host_scale_;
-  s.growth_factor = options_.growth_factor();
-  s.backoff_factor = options_.backoff_factor();
-  s.growth_interval = options_.growth_interval();
   s.growth_tracker =
       growth_tracker_.defined() ? growth_tracker_.item<int32_t>() : host_growth_tracker_;
-  s.min_scale = options_.min_scale();
-  s.max_scale = options_.max_scale();
-  s.hysteresis = options_.hysteresis();
   s.overflow_tracker =
       overflow_tracker_.defined() ? overflow_tracker_.item<int32_t>() : host_overflow_tracker_;
-  s.hysteresis_refill = options_.hysteresis_refill();
-  s.min_scale_policy = options_.min_scale_policy();
-  s.overflow_warning_streak = options_.overflow_warning_streak();
-  s.max_overflow_streak = options_.max_overflow_streak();
-  s.strict_inf_checks = options_.strict_inf_checks();
   return s;
 }
 
 void ScaleSchedule::apply(const ScalerSnapshot& s) {
-  options_.growth_factor(s.growth_factor)
-      .backoff_factor(s.backoff_factor)
-      .growth_interval(s.growth_interval)
-      .min_scale(s.min_scale)
-      .max_scale(s.max_scale)
-      .hysteresis(s.hysteresis)
-      .hysteresis_refill(s.hysteresis_refill)
-      .min_scale_policy(s.min_scale_policy)
-      .overflow_warning_streak(s.overflow_warning_streak)
-      .max_overflow_streak(s.max_overflow_streak)
-      .strict_inf_checks(s.strict_inf_checks);
+  // Every snapshot starts from this scaler's options (scaler_state.h), so what describes
+  // the scaler rather than its schedule is the same on both sides.
+  TORCH_INTERNAL_ASSERT(s.options.enabled() == options_.enabled() &&
+                        s.options.graph_safe() == options_.graph_safe());
+  options_ = s.options;
   if (scale_.defined()) {
     scale_.fill_(s.scale);
     growth_tracker_.fill_(s.growth_tracker);

@@ -6,9 +6,9 @@
 // NOTE: [Scaler state on the device]
 // The scale (float32) and the growth tracker (int32) are 0-dim tensors on the device of
 // the first scale() output; unscale_, clip_grad_norm_ and step refuse to run before it
-// (as torch.amp.GradScaler, whose scale is made there too). unscale_ writes each optimizer's overflow flag
-// on that device and update() changes the scale there, so neither waits for the device.
-// Only step() reads one 4-byte flag back, to decide whether to run the optimizer's step,
+// (as torch.amp.GradScaler, whose scale is made there too). unscale_ writes each optimizer's
+// overflow flag on that device and update() changes the scale there, so neither waits for the
+// device. Only step() reads one 4-byte flag back, to decide whether to run the optimizer's step,
 // and get_scale()/state_dict() read the scale back (the opt-in guards and diagnostics
 // that read more say so: NOTE: [Guards], NOTE: [Diagnostics without host
 // synchronisation]). Until the tensors exist the same state is kept on the host,
@@ -21,7 +21,7 @@
 // update runs exactly PyTorch's rule through the scale device's update kernel (the CPU
 // twin, lucid-amp's CUDA kernel, or the generic ops elsewhere) and reads nothing back.
 // - max_scale and hysteresis change the update itself: the same kernel applies them
-//   (detail::next_scale_state with its ScaleGuards); still no host synchronisation.
+//   (detail::next_scale_state with its ScaleRule); still no host synchronisation.
 //   Hysteresis keeps one more 0-dim int32 tensor beside the growth tracker: the
 //   consecutive overflows it has absorbed.
 // - min_scale is a check, so the host has to know whether an update backs off and to
@@ -42,8 +42,8 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
-// The guards of `options` as the schedule rule takes them.
-ScaleGuards guards_of(const GradScalerOptions& options);
+// The update rule of `options` (the one place it is read from them).
+ScaleRule rule_of(const GradScalerOptions& options);
 
 class ScaleSchedule {
  public:

@@ -50,12 +50,11 @@ constexpr size_t kMaxPendingUpdates = 1024;
 // The event one update with outcome `found` has on the mirrored trackers.
 ScaleEvent advance_trackers(int32_t& growth_tracker, int32_t& overflow_tracker, bool found,
                             const GradScalerOptions& options) {
-  const ScaleGuards guards = guards_of(options);
+  const ScaleRule rule = rule_of(options);
   ScaleEvent event = ScaleEvent::kNone;
   // Only the trackers matter here: they follow the same rule on every backend.
   const ScaleState next =
-      next_scale_state({1.0f, growth_tracker, overflow_tracker}, found, options.growth_factor(),
-                       options.backoff_factor(), options.growth_interval(), guards, &event);
+      next_scale_state({1.0f, growth_tracker, overflow_tracker}, found, rule, &event);
   growth_tracker = next.growth_tracker;
   overflow_tracker = next.overflow_tracker;
   return event;

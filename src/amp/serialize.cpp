@@ -58,11 +58,8 @@ namespace {
 // Values as the archive holds them: integers and enums as int, doubles and the float32
 // scale as double, bools as bool.
 c10::IValue to_ivalue(bool v) { return c10::IValue(v); }
-c10::IValue to_ivalue(double v) { return c10::IValue(v); }
 c10::IValue to_ivalue(float v) { return c10::IValue(static_cast<double>(v)); }
 c10::IValue to_ivalue(int64_t v) { return c10::IValue(v); }
-c10::IValue to_ivalue(HysteresisRefill v) { return c10::IValue(static_cast<int64_t>(v)); }
-c10::IValue to_ivalue(MinScalePolicy v) { return c10::IValue(static_cast<int64_t>(v)); }
 
 template <typename T>
 constexpr ArchiveKind kind_of() {
@@ -72,7 +69,6 @@ constexpr ArchiveKind kind_of() {
 }
 
 void from_ivalue(const c10::IValue& v, const char* /*key*/, bool& out) { out = v.toBool(); }
-void from_ivalue(const c10::IValue& v, const char* /*key*/, double& out) { out = v.toDouble(); }
 void from_ivalue(const c10::IValue& v, const char* /*key*/, int64_t& out) { out = v.toInt(); }
 void from_ivalue(const c10::IValue& v, const char* key, float& out) {
   // The scale is saved as the double of its float32 value: anything else was not written
@@ -81,19 +77,6 @@ void from_ivalue(const c10::IValue& v, const char* key, float& out) {
   out = checked_scale(d, "state 'scale'");
   TORCH_CHECK_VALUE(static_cast<double>(out) == d, "GradScaler::load: '", key, "' ", d,
                     " is not a float32 value; the archive was not written by GradScaler::save.");
-}
-template <typename Enum>
-void enum_from_ivalue(const c10::IValue& v, const char* key, int64_t count, Enum& out) {
-  const int64_t i = v.toInt();
-  TORCH_CHECK_VALUE(i >= 0 && i < count, "GradScaler::load: '", key, "' must be in [0, ", count,
-                    "), got ", i, "; the archive was not written by GradScaler::save.");
-  out = static_cast<Enum>(i);
-}
-void from_ivalue(const c10::IValue& v, const char* key, HysteresisRefill& out) {
-  enum_from_ivalue(v, key, 2, out);
-}
-void from_ivalue(const c10::IValue& v, const char* key, MinScalePolicy& out) {
-  enum_from_ivalue(v, key, 2, out);
 }
 
 // The accessors of one member, reached through `Part` of ArchiveRecord (the record itself,
@@ -113,10 +96,27 @@ template <auto kPart, auto kMember>
 ArchiveField field(const char* key, int64_t since) {
   using A = Access<kPart, kMember>;
   using T = std::decay_t<decltype(A::of(std::declval<const ArchiveRecord&>()))>;
-  constexpr ArchiveKind kind = std::is_enum<T>::value ? ArchiveKind::kInt : kind_of<T>();
-  return {key, kind, since, [](const ArchiveRecord& r) { return to_ivalue(A::of(r)); },
+  return {key, kind_of<T>(), since,
+          [](const ArchiveRecord& r, const char* /*key*/) { return to_ivalue(A::of(r)); },
           [](ArchiveRecord& r, const c10::IValue& v, const char* key) {
             from_ivalue(v, key, A::of(r));
+          }};
+}
+
+// An option's entry: the option table's key, accessors and kind (an enum is saved as its
+// value, an int); an enum value out of range is refused by validate_snapshot.
+ArchiveField option_field(const char* key, int64_t since) {
+  const OptionEntry* entry = find_option(key);
+  TORCH_INTERNAL_ASSERT(entry != nullptr, "the archive names no option '", key, "'");
+  const ArchiveKind kind = entry->kind == OptionKind::kDouble ? ArchiveKind::kDouble
+                           : entry->kind == OptionKind::kBool ? ArchiveKind::kBool
+                                                              : ArchiveKind::kInt;
+  return {key, kind, since,
+          [](const ArchiveRecord& r, const char* key) {
+            return find_option(key)->get(r.schedule.options);
+          },
+          [](ArchiveRecord& r, const c10::IValue& v, const char* key) {
+            find_option(key)->set(r.schedule.options, v);
           }};
 }
 
@@ -125,17 +125,19 @@ constexpr auto kCounters = &ArchiveRecord::counters;
 using S = ScalerSnapshot;
 using C = ScalerCounters;
 
+// The order is the format: the checksum hashes the fields in it, and each version's
+// fields are a prefix of the next one's.
 const std::vector<ArchiveField>& all_fields() {
   static const std::vector<ArchiveField> fields = {
       field<nullptr, &ArchiveRecord::enabled>("enabled", 1),
       field<kSchedule, &S::scale>("scale", 1),
-      field<kSchedule, &S::growth_factor>("growth_factor", 1),
-      field<kSchedule, &S::backoff_factor>("backoff_factor", 1),
-      field<kSchedule, &S::growth_interval>("growth_interval", 1),
+      option_field("growth_factor", 1),
+      option_field("backoff_factor", 1),
+      option_field("growth_interval", 1),
       field<kSchedule, &S::growth_tracker>("growth_tracker", 1),
-      field<kSchedule, &S::min_scale>("min_scale", 1),
-      field<kSchedule, &S::max_scale>("max_scale", 1),
-      field<kSchedule, &S::hysteresis>("hysteresis", 1),
+      option_field("min_scale", 1),
+      option_field("max_scale", 1),
+      option_field("hysteresis", 1),
       field<kSchedule, &S::overflow_tracker>("overflow_tracker", 1),
       field<kCounters, &C::steps_taken>("steps_taken", 1),
       field<kCounters, &C::steps_skipped>("steps_skipped", 1),
@@ -144,11 +146,11 @@ const std::vector<ArchiveField>& all_fields() {
       field<kCounters, &C::backoffs>("backoffs", 1),
       field<kCounters, &C::growths>("growths", 1),
       field<kCounters, &C::overflow_streak>("overflow_streak", 1),
-      field<kSchedule, &S::hysteresis_refill>("hysteresis_refill", 2),
-      field<kSchedule, &S::min_scale_policy>("min_scale_policy", 2),
-      field<kSchedule, &S::overflow_warning_streak>("overflow_warning_streak", 2),
-      field<kSchedule, &S::max_overflow_streak>("max_overflow_streak", 2),
-      field<kSchedule, &S::strict_inf_checks>("strict_inf_checks", 2),
+      option_field("hysteresis_refill", 2),
+      option_field("min_scale_policy", 2),
+      option_field("overflow_warning_streak", 2),
+      option_field("max_overflow_streak", 2),
+      option_field("strict_inf_checks", 2),
       field<kCounters, &C::updates_without_checks>("updates_without_checks", 2),
       field<kCounters, &C::steps_without_gradients>("steps_without_gradients", 2),
       field<kCounters, &C::min_scale_holds>("min_scale_holds", 2),
@@ -232,7 +234,7 @@ using detail::ArchiveKind;
 constexpr const char* kLoadStateDict = "GradScaler::load_state_dict";
 constexpr const char* kLoad = "GradScaler::load";
 
-double required(const std::map<std::string, double>& state, const char* key) {
+const double& required(const std::map<std::string, double>& state, const char* key) {
   const auto it = state.find(key);
   TORCH_CHECK_VALUE(it != state.end(), kLoadStateDict, ": the state has no '", key,
                     "' entry; pass a map produced by GradScaler::state_dict().");
@@ -290,14 +292,10 @@ void check_counters(const ScalerCounters& c) {
       c.overflow_streak, "); the archive is not a GradScaler checkpoint.");
 }
 
-// A snapshot that carries only `options` (for the fields an older archive lacks).
-detail::ScalerSnapshot current_options_snapshot(const GradScalerOptions& o) {
+// A snapshot that carries only `options`: what a load starts from (scaler_state.h).
+detail::ScalerSnapshot snapshot_of(const GradScalerOptions& options) {
   detail::ScalerSnapshot s;
-  s.hysteresis_refill = o.hysteresis_refill();
-  s.min_scale_policy = o.min_scale_policy();
-  s.overflow_warning_streak = o.overflow_warning_streak();
-  s.max_overflow_streak = o.max_overflow_streak();
-  s.strict_inf_checks = o.strict_inf_checks();
+  s.options = options;
   return s;
 }
 
@@ -308,21 +306,17 @@ std::map<std::string, double> GradScaler::state_dict() const {
     return {};  // as PyTorch: a disabled scaler has no state
   }
   const detail::ScalerSnapshot s = core_().snapshot();
-  std::map<std::string, double> state = {
-      {"scale", static_cast<double>(s.scale)},
-      {"growth_factor", s.growth_factor},
-      {"backoff_factor", s.backoff_factor},
-      {"growth_interval", static_cast<double>(s.growth_interval)},
-      {"growth_tracker", static_cast<double>(s.growth_tracker)}};
-  // Guard keys only where a guard is on: a default scaler's map is PyTorch's five keys.
-  if (s.min_scale > 0.0) {
-    state["min_scale"] = s.min_scale;
+  std::map<std::string, double> state = {{"scale", static_cast<double>(s.scale)},
+                                         {"growth_tracker", static_cast<double>(s.growth_tracker)}};
+  for (const detail::OptionEntry& entry : detail::option_table()) {
+    if (entry.in_state_dict == detail::InStateDict::kAlways ||
+        (entry.in_state_dict == detail::InStateDict::kWhileOn &&
+         detail::option_is_set(entry, s.options))) {
+      state[entry.key] = detail::option_as_double(entry, s.options);
+    }
   }
-  if (std::isfinite(s.max_scale)) {
-    state["max_scale"] = s.max_scale;
-  }
-  if (s.hysteresis > 1) {
-    state["hysteresis"] = static_cast<double>(s.hysteresis);
+  // The hysteresis tracker goes with its guard.
+  if (s.options.hysteresis() > 1) {
     state["overflow_tracker"] = static_cast<double>(s.overflow_tracker);
   }
   return state;
@@ -332,16 +326,22 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   if (!is_enabled()) {
     return;  // nothing to load into a pass-through, as PyTorch
   }
-  const GradScalerOptions& options = core_().options();
   // Read and validate everything first, so that a bad map leaves the scaler as it was.
-  detail::ScalerSnapshot s = current_options_snapshot(options);
+  detail::ScalerSnapshot s = snapshot_of(core_().options());
   s.scale = detail::checked_scale(required(state, "scale"), "state 'scale'");
-  s.growth_factor = required(state, "growth_factor");
-  detail::check_growth_factor(s.growth_factor);
-  s.backoff_factor = required(state, "backoff_factor");
-  detail::check_backoff_factor(s.backoff_factor);
-  s.growth_interval =
-      detail::checked_integer(required(state, "growth_interval"), "growth_interval", kLoadStateDict);
+  // PyTorch's options are required. Guard keys are optional: absent, the scaler keeps its
+  // own guards (a map from PyTorch or from an unguarded scaler says nothing about them).
+  for (const detail::OptionEntry& entry : detail::option_table()) {
+    if (entry.in_state_dict == detail::InStateDict::kNever) {
+      continue;
+    }
+    const double* value = entry.in_state_dict == detail::InStateDict::kAlways
+                              ? &required(state, entry.key)
+                              : optional_entry(state, entry.key);
+    if (value != nullptr) {
+      entry.set(s.options, detail::option_value_of_double(entry, *value, kLoadStateDict));
+    }
+  }
   // PyTorch writes the tracker as "_growth_tracker"; either name is accepted.
   const double* tracker = optional_entry(state, "growth_tracker");
   const double* py_tracker = optional_entry(state, "_growth_tracker");
@@ -355,16 +355,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   }
   s.growth_tracker = detail::checked_integer(tracker != nullptr ? *tracker : *py_tracker,
                                              "growth_tracker", kLoadStateDict);
-  // Guard keys are optional: absent, the scaler keeps its own guards (a map from PyTorch
-  // or from an unguarded scaler says nothing about them); absent overflow_tracker is 0.
-  const double* min_scale = optional_entry(state, "min_scale");
-  s.min_scale = min_scale != nullptr ? *min_scale : options.min_scale();
-  const double* max_scale = optional_entry(state, "max_scale");
-  s.max_scale = max_scale != nullptr ? *max_scale : options.max_scale();
-  const double* hysteresis = optional_entry(state, "hysteresis");
-  s.hysteresis = hysteresis != nullptr
-                     ? detail::checked_integer(*hysteresis, "hysteresis", kLoadStateDict)
-                     : options.hysteresis();
+  // An absent overflow_tracker is 0.
   const double* overflow_tracker = optional_entry(state, "overflow_tracker");
   s.overflow_tracker =
       overflow_tracker != nullptr
@@ -382,7 +373,7 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   std::vector<c10::IValue> values;
   values.reserve(fields.size());
   for (const auto& field : fields) {
-    values.push_back(field.read(record));
+    values.push_back(field.read(record, field.key));
   }
   torch::serialize::OutputArchive child(archive.compilation_unit());
   child.write("format_version", c10::IValue(kGradScalerArchiveVersion));
@@ -428,7 +419,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
 
   // Then the values, with the checks every other source of state goes through. Fields an
   // older version lacks keep this scaler's options; its new counters start at 0.
-  detail::ArchiveRecord record{true, current_options_snapshot(core_().options()), ScalerCounters{}};
+  detail::ArchiveRecord record{true, snapshot_of(core_().options()), ScalerCounters{}};
   for (size_t i = 0; i < fields.size(); ++i) {
     fields[i].write(record, values[i], fields[i].key);
   }

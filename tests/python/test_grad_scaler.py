@@ -2,6 +2,7 @@
 """lucid_amp.GradScaler: the reference API's rules, errors and dtype rules, state_dict and
 pickling, PyTorch's optimizer protocol and lucid-amp's extras, on the CPU."""
 
+import inspect
 import math
 import pickle
 import warnings
@@ -858,6 +859,29 @@ def test_a_count_that_is_not_an_int_is_refused_at_construction(value):
     with pytest.raises(TypeError, match="must be an int"):
         scaler.set_growth_interval(value)
     assert scaler.get_growth_interval() == 7
+
+
+def test_the_core_takes_every_option_by_keyword_and_lists_each_back():
+    """The binding walks the core's option table: options() names every option, a core
+    built from that dict has the same options, and a keyword that names no option, or a
+    value of another type, is a TypeError."""
+    scaler = lucid_amp.GradScaler(
+        "cpu", init_scale=8.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=5,
+        min_scale=1.0, min_scale_policy="clamp", max_scale=1024.0, hysteresis=2,
+        hysteresis_refill="on_clean_update", overflow_warning_streak=7, max_overflow_streak=9,
+        strict_inf_checks=True)
+    options = scaler._core.options()
+    assert options["hysteresis_refill"] == "on_clean_update" and options["growth_interval"] == 5
+    assert lucid_amp._C._GradScaler(**options).options() == options
+    assert set(inspect.signature(lucid_amp.GradScaler).parameters) - {"device"} <= set(options)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'growth'"):
+        lucid_amp._C._GradScaler(growth=2.0)
+    for key, bad in [("init_scale", "8"), ("growth_interval", 2.0), ("enabled", 1),
+                     ("min_scale_policy", 0)]:
+        with pytest.raises(TypeError, match=f"GradScaler: {key} must be"):
+            lucid_amp._C._GradScaler(**{key: bad})
+    with pytest.raises(ValueError, match="min_scale_policy must be 'throw' or 'clamp'"):
+        lucid_amp._C._GradScaler(min_scale_policy="hold")
 
 
 @pytest.mark.parametrize("bad,match", [

@@ -200,6 +200,8 @@ def stub_parameters(node):
     defaults = [False] * (len(positional) - len(args.defaults)) + [True] * len(args.defaults)
     params = [(a.arg, d) for a, d in zip(positional, defaults)]
     params += [(a.arg, d is not None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg is not None:
+        params.append(("**" + args.kwarg.arg, False))
     return [p for p in params if p[0] != "self"]
 
 

@@ -10,15 +10,14 @@ namespace amp {
 namespace cpu {
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                   int64_t growth_interval, const detail::ScaleGuards& guards) {
+                   const at::Tensor& found_inf, const detail::ScaleRule& rule) {
   float* scale_ptr = scale.data_ptr<float>();
   int32_t* tracker_ptr = growth_tracker.data_ptr<int32_t>();
   int32_t* overflow_ptr =
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr;
   const detail::ScaleState next = detail::next_scale_state(
       {*scale_ptr, *tracker_ptr, overflow_ptr != nullptr ? *overflow_ptr : 0},
-      *found_inf.data_ptr<float>() != 0.0f, growth_factor, backoff_factor, growth_interval, guards);
+      *found_inf.data_ptr<float>() != 0.0f, rule);
   *scale_ptr = next.scale;
   *tracker_ptr = next.growth_tracker;
   if (overflow_ptr != nullptr) {

@@ -137,14 +137,12 @@ void table_clip_factors_(const at::Tensor& partial, NormKind kind, double max_no
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
 void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
                          at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                         double growth_factor, double backoff_factor, int64_t growth_interval,
-                         const detail::ScaleGuards& guards) {
+                         const detail::ScaleRule& rule) {
   c10::cuda::CUDAGuard guard(scale.device());
   C10_CUDA_CHECK(launch_update_scale(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr,
-      found_inf.data_ptr<float>(), growth_factor, backoff_factor, growth_interval, guards,
-      at::cuda::getCurrentCUDAStream()));
+      found_inf.data_ptr<float>(), rule, at::cuda::getCurrentCUDAStream()));
 }
 
 // The flag's copy into pinned memory on the flag's current stream, and an event behind

@@ -12,13 +12,10 @@ namespace {
 
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     int32_t* overflow_tracker, const float* found_inf,
-                                    double growth_factor, double backoff_factor,
-                                    int64_t growth_interval, detail::ScaleGuards guards) {
+                                    detail::ScaleRule rule) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
-  const detail::ScaleState next =
-      detail::next_scale_state(state, *found_inf != 0.0f, growth_factor, backoff_factor,
-                               growth_interval, guards);
+  const detail::ScaleState next = detail::next_scale_state(state, *found_inf != 0.0f, rule);
   *scale = next.scale;
   *growth_tracker = next.growth_tracker;
   if (overflow_tracker != nullptr) {
@@ -28,14 +25,11 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
 
 }  // namespace
 
-cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker,
-                                int32_t* overflow_tracker, const float* found_inf,
-                                double growth_factor, double backoff_factor,
-                                int64_t growth_interval, const detail::ScaleGuards& guards,
+cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
+                                const float* found_inf, const detail::ScaleRule& rule,
                                 cudaStream_t stream) {
   update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf,
-                                           growth_factor, backoff_factor, growth_interval,
-                                           guards);
+                                           rule);
   return cudaGetLastError();
 }
 

@@ -20,13 +20,12 @@ namespace cuda {
 //   scale:            device pointer to the float32 scale.
 //   growth_tracker:   device pointer to the int32 growth tracker.
 //   overflow_tracker: device pointer to the int32 hysteresis tracker, or null when the
-//                     guards are off (it is then taken as 0 and not written).
+//                     rule's guards are off (it is then taken as 0 and not written).
 //   found_inf:        device pointer to the float32 overflow flag (non-zero: overflow).
+//   rule:             the update's parameters, passed to the kernel by value.
 // All on one device. Returns cudaGetLastError() after the launch.
-cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker,
-                                int32_t* overflow_tracker, const float* found_inf,
-                                double growth_factor, double backoff_factor,
-                                int64_t growth_interval, const detail::ScaleGuards& guards,
+cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
+                                const float* found_inf, const detail::ScaleRule& rule,
                                 cudaStream_t stream);
 
 }  // namespace cuda

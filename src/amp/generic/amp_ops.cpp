@@ -85,35 +85,34 @@ at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, double growth_factor, double backoff_factor,
-                   int64_t growth_interval, const detail::ScaleGuards& guards) {
+                   const at::Tensor& found_inf, const detail::ScaleRule& rule) {
   // Same decisions as detail::next_scale_state, written as selects on the device (no host
   // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
   // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
   // differ in the last bit.
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
-  const at::Tensor grow = found.logical_not().logical_and(successful.eq(growth_interval));
-  at::Tensor grown = scale * growth_factor;
+  const at::Tensor grow = found.logical_not().logical_and(successful.eq(rule.growth_interval));
+  at::Tensor grown = scale * rule.growth_factor;
   grown = at::where(grown.isfinite(), grown, scale);
-  if (std::isfinite(guards.max_scale)) {
-    grown = at::minimum(grown, at::full({}, guards.max_scale, scale.options()));
+  if (std::isfinite(rule.max_scale)) {
+    grown = at::minimum(grown, at::full({}, rule.max_scale, scale.options()));
   }
   // Hysteresis absorbs an overflow while the count of absorbed ones stays below it.
   at::Tensor backoff = found;
   at::Tensor new_overflow;
   if (overflow_tracker.defined()) {
     const at::Tensor next_overflow = overflow_tracker + 1;
-    const at::Tensor absorb = found.logical_and(next_overflow.lt(guards.hysteresis));
+    const at::Tensor absorb = found.logical_and(next_overflow.lt(rule.hysteresis));
     backoff = found.logical_and(absorb.logical_not());
     // Absorbed: one more; backed off: kept; grown: refilled; other clean updates:
     // refilled only in the consecutive mode.
-    const at::Tensor refill = guards.refill_on_clean ? found.logical_not() : grow;
+    const at::Tensor refill = rule.refill_on_clean ? found.logical_not() : grow;
     new_overflow = at::where(absorb, next_overflow,
                              at::where(refill, at::zeros_like(overflow_tracker), overflow_tracker));
   }
   const at::Tensor new_scale =
-      at::where(backoff, backed_off(scale, backoff_factor), at::where(grow, grown, scale));
+      at::where(backoff, backed_off(scale, rule.backoff_factor), at::where(grow, grown, scale));
   const at::Tensor new_tracker =
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
   scale.copy_(new_scale);
