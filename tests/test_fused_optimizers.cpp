@@ -363,6 +363,106 @@ TEST(FusedOptimizers, TensorsThatNoLongerMatchTheirParameterAreRefusedBeforeAnyW
   }
 }
 
+// NOTE: [Kept launch lists]: from the second step on, a step launches from the lists kept
+// by the last one. Every change a caller can make between steps is seen, and the steps
+// follow torch::optim's through them: a gradient that goes away and comes back, a state
+// tensor replaced through state(), a new learning rate, a gradient of another layout, a
+// new param group, a state loaded from an archive.
+TEST(FusedOptimizers, KeptListsFollowEveryChangeBetweenSteps) {
+  auto params = make_params(torch::kFloat, 21);
+  params.pop_back();  // the strided one: its contiguous gradients would take the checked way
+  auto ref_params = clone_params(params);
+  FusedAdamW fused(params, FusedAdamWOptions(1e-2).weight_decay(1e-2));
+  torch::optim::AdamW reference(ref_params, torch::optim::AdamWOptions(1e-2).weight_decay(1e-2));
+  auto fused_state = [&](size_t i) -> FusedAdamParamState& {
+    return static_cast<FusedAdamParamState&>(*fused.state().at(params[i].unsafeGetTensorImpl()));
+  };
+  auto ref_state = [&](size_t i) -> torch::optim::AdamWParamState& {
+    return static_cast<torch::optim::AdamWParamState&>(
+        *reference.state().at(ref_params[i].unsafeGetTensorImpl()));
+  };
+  torch::Tensor extra = torch::randn({13}).requires_grad_(true);
+  torch::Tensor ref_extra = extra.detach().clone().requires_grad_(true);
+  for (int step = 0; step < 12; ++step) {
+    set_grads(params, step);
+    set_grads(ref_params, step);
+    switch (step) {
+      case 3:  // a gradient goes away for one step
+        params[1].mutable_grad() = torch::Tensor();
+        ref_params[1].mutable_grad() = torch::Tensor();
+        break;
+      case 5:  // a state tensor replaced through state()
+        fused_state(0).exp_avg(torch::zeros_like(params[0]));
+        ref_state(0).exp_avg(torch::zeros_like(ref_params[0]));
+        break;
+      case 6:  // a new learning rate
+        fused.param_groups()[0].options().set_lr(3e-3);
+        reference.param_groups()[0].options().set_lr(3e-3);
+        break;
+      case 7: {  // a gradient of another layout (transposed storage)
+        const torch::Tensor g = params[0].grad().t().contiguous().t();
+        params[0].mutable_grad() = g;
+        break;
+      }
+      case 8:  // a new param group
+        fused.add_param_group(torch::optim::OptimizerParamGroup({extra}));
+        reference.add_param_group(torch::optim::OptimizerParamGroup({ref_extra}));
+        break;
+      case 10: {  // the state saved and loaded back (new state objects and tensors)
+        std::stringstream archive;
+        torch::save(fused, archive);
+        torch::load(fused, archive);
+        break;
+      }
+      default:
+        break;
+    }
+    if (step >= 8) {
+      torch::manual_seed(2000 + step);
+      extra.mutable_grad() = torch::randn({13});
+      ref_extra.mutable_grad() = extra.grad().clone();
+    }
+    fused.step();
+    reference.step();
+    expect_close(params, ref_params, 1e-5, 1e-6);
+    EXPECT_TRUE(torch::allclose(extra, ref_extra, 1e-5, 1e-6)) << "step " << step;
+    if (step == 5) {
+      EXPECT_FALSE(torch::equal(fused_state(0).exp_avg(), torch::zeros_like(params[0])))
+          << "the replaced exp_avg was not the one stepped";
+    }
+  }
+}
+
+// An option that adds a state list (amsgrad, momentum) turned on after steps makes the
+// state it needs, as the first step with it on would.
+TEST(FusedOptimizers, KeptListsFollowAStateListTurnedOn) {
+  auto params = make_params(torch::kFloat, 22);
+  params.pop_back();
+  FusedAdam adam(params, FusedAdamOptions(1e-2));
+  auto sgd_params = clone_params(params);
+  FusedSGD sgd(sgd_params, FusedSGDOptions(1e-2));
+  for (int step = 0; step < 4; ++step) {
+    set_grads(params, step);
+    set_grads(sgd_params, step);
+    if (step == 2) {
+      static_cast<FusedAdamOptions&>(adam.param_groups()[0].options()).amsgrad(true);
+      static_cast<FusedSGDOptions&>(sgd.param_groups()[0].options()).momentum(0.9);
+    }
+    adam.step();
+    sgd.step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& a =
+        static_cast<const FusedAdamParamState&>(*adam.state().at(params[i].unsafeGetTensorImpl()));
+    ASSERT_TRUE(a.max_exp_avg_sq().defined()) << i;
+    EXPECT_TRUE(torch::all(a.max_exp_avg_sq() >= a.exp_avg_sq()).item<bool>()) << i;
+    const auto& s = static_cast<const FusedSGDParamState&>(
+        *sgd.state().at(sgd_params[i].unsafeGetTensorImpl()));
+    ASSERT_TRUE(s.momentum_buffer().defined()) << i;
+    EXPECT_GT(s.momentum_buffer().abs().max().item<double>(), 0.0) << i;
+  }
+}
+
 // Channels-last parameters step in place, their state made in the same layout; a state
 // of another layout (loaded, or made contiguous by hand) goes through a copy that is
 // written back into it. Both match torch::optim.

@@ -8,8 +8,8 @@
 
 #include "bindings.h"
 
-#include "common/plain_tensor.h"
 #include "optim/fused_launch.h"
+#include "optim/kept_lists.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -25,8 +25,6 @@ using optim::detail::AdamHyper;
 using optim::detail::Bucket;
 using optim::detail::SgdHyper;
 using TensorList = std::vector<at::Tensor>;
-
-const caffe2::TypeMeta kFloat32 = caffe2::TypeMeta::Make<float>();
 
 at::Tensor or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
@@ -93,10 +91,10 @@ class DictWatch {
   std::vector<py::object> dicts_;  // held, so that an address is not reused
 };
 
-// One param group of a lucid_amp.optim optimizer, its state lists kept between steps.
-// A step takes the parameters and gradients from the group's parameter list anew and
-// launches with the kept state lists when nothing a kernel uses changed
-// (NOTE: [Launch layout]); a tensor of another layout goes through a copy, and sizes,
+// One param group of a lucid_amp.optim optimizer, its launch lists kept between steps
+// (NOTE: [Kept launch lists] in src/optim/kept_lists.h). A step takes the parameters and
+// gradients from the group's parameter list anew and launches with the kept lists when
+// nothing a kernel uses changed; a tensor of another layout goes through a copy, and sizes,
 // dtypes or devices that no longer match raise before anything is written. When the
 // parameter list, the set of parameters with a gradient, a device or dtype, or a watched
 // state dict changed, a step does nothing and returns false, and Python gathers the state
@@ -137,11 +135,7 @@ class FusedGroup {
     }
     for (const Bucket& b :
          optim::detail::bucket_params(with_grad, with_grad_index_, group_, name_.c_str())) {
-      Kept kept{b.device,
-                b.dtype,
-                c10::scalarTypeToTypeMeta(b.dtype),
-                b.index,
-                {TensorList(), TensorList()}};
+      std::vector<TensorList> kept;
       for (size_t s = 0; s < states.size(); ++s) {
         TensorList picked;
         for (size_t k = 0; k < b.position.size(); ++k) {
@@ -155,12 +149,12 @@ class FusedGroup {
           }
           picked.push_back(t);
         }
-        kept.lists.push_back(std::move(picked));
+        kept.push_back(std::move(picked));
       }
       for (size_t k = 0; k < b.index.size(); ++k) {
-        bucket_of_[b.index[k]] = static_cast<int>(kept_.size());
+        bucket_of_[b.index[k]] = static_cast<int>(kept_.buckets().size());
       }
-      kept_.push_back(std::move(kept));
+      kept_.keep(b.device, b.dtype, b.index, std::move(kept));
     }
   }
 
@@ -204,38 +198,13 @@ class FusedGroup {
 
   // Drops what prepare_ took, so that no tensor of a parameter is held between steps.
   void release_() {
-    for (Kept& k : kept_) {
-      for (int list : {0, 1}) {
-        for (at::Tensor& t : k.lists[list]) {
-          Borrow::destroyBorrow(t);
-        }
-        k.lists[list].clear();
-      }
-    }
+    kept_.release();
     checked_buckets_.clear();
     checked_lists_.clear();
     prepared_ = false;
   }
 
  private:
-  // Borrowed tensors, as c10::MaybeOwned makes them: the steady step's launch lists
-  // share the parameters' and gradients' TensorImpls without taking references (two
-  // atomic operations per tensor and step). The Python parameter objects own them while
-  // prepare_ and the launch run (no Python code runs in between), and release_ gives
-  // every borrow back before the lists are emptied.
-  using Borrow = c10::MaybeOwnedTraits<at::Tensor>;
-
-  // One device and dtype of the group. `lists` is the launch's argument: the parameters
-  // and their gradients (borrowed for one launch, then emptied, so that no tensor of a
-  // parameter is held between steps), then the state lists, kept.
-  struct Kept {
-    at::Device device;
-    at::ScalarType dtype;
-    caffe2::TypeMeta type_meta;     // of dtype
-    std::vector<size_t> index;      // each parameter's index in the param group
-    std::vector<TensorList> lists;  // [params, grads, states..., steps]
-  };
-
   // The parameters of `params_list` that have a gradient, when they are the objects this
   // group was built from, with gradients exactly where they were; null otherwise.
   // Compared by Python object, as torch.optim keys its state: a module conversion may swap
@@ -268,12 +237,10 @@ class FusedGroup {
     ~Release() { group.release_(); }
   };
 
-  // Fills the launch lists when every tensor is as a launch needs it and as the group was
-  // built: the same parameter objects, each plain, dense, on its bucket's device and
-  // dtype, gradients exactly where they were and every gradient and kept state tensor
-  // launchable with its parameter (NOTE: [Launch layout]). This is every step of a steady
-  // training loop, so it checks only that, without copying any list; false sends the step
-  // through the checked way, which tells what changed or raises.
+  // Fills the kept lists when the parameters are the objects this group was built from,
+  // with gradients where they were, and every tensor passes KeptLists::take. This is every
+  // step of a steady training loop, so it checks only that; false sends the step through
+  // the checked way, which tells what changed or raises.
   bool fill_unchanged(const py::list& params_list) {
     if (PyList_GET_SIZE(params_list.ptr()) != static_cast<Py_ssize_t>(params_.size())) {
       return false;
@@ -283,45 +250,19 @@ class FusedGroup {
       if (item != params_[i].ptr()) {
         return false;
       }
+      // The parameter object is the one checked when the group was built, and its dispatch
+      // keys cannot change since (.data = refuses other ones).
       const at::Tensor& p = THPVariable_Unpack(item);
-      const at::Tensor& g = p.grad();
       const int b = bucket_of_[i];
-      if (g.defined() != (b >= 0)) {
-        return false;
-      }
       if (b < 0) {
-        continue;
-      }
-      Kept& k = kept_[static_cast<size_t>(b)];
-      // Read through the TensorImpls, once per parameter: this loop is the steady step's
-      // host time. The parameter object is the one checked when the group was built, and
-      // its dispatch keys cannot change since (.data = refuses other ones).
-      const c10::TensorImpl& pi = *p.unsafeGetTensorImpl();
-      const c10::TensorImpl& gi = *g.unsafeGetTensorImpl();
-      const c10::IntArrayRef sizes = pi.sizes();
-      const c10::IntArrayRef strides = pi.strides();
-      const caffe2::TypeMeta dtype = pi.dtype();
-      if (pi.device() != k.device || dtype != k.type_meta || !pi.is_non_overlapping_and_dense() ||
-          gi.layout() != c10::kStrided || !common::is_plain_tensor(g) || gi.dtype() != dtype ||
-          gi.device() != k.device || gi.sizes() != sizes || gi.strides() != strides) {
-        return false;
-      }
-      // A kept state tensor changed in place keeps its device (neither set_ nor .data =
-      // moves a tensor to another device); its sizes, strides and dtype may change.
-      const size_t at = k.lists[0].size();
-      const size_t steps = k.lists.size() - 1;
-      for (size_t s = 2; s < steps; ++s) {
-        const c10::TensorImpl& si = *k.lists[s][at].unsafeGetTensorImpl();
-        if (si.dtype() != dtype || si.sizes() != sizes || si.strides() != strides) {
+        if (p.grad().defined()) {
           return false;
         }
+        continue;
       }
-      const c10::TensorImpl& step = *k.lists[steps][at].unsafeGetTensorImpl();
-      if (step.numel() != 1 || step.dtype() != kFloat32) {
+      if (kept_.take(static_cast<size_t>(b), p) < 0) {
         return false;
       }
-      k.lists[0].push_back(Borrow::createBorrow(p));
-      k.lists[1].push_back(Borrow::createBorrow(g));
     }
     return true;
   }
@@ -337,13 +278,14 @@ class FusedGroup {
     }
     std::vector<Bucket> buckets =
         optim::detail::bucket_params(*with_grad, with_grad_index_, group_, name_.c_str());
-    if (buckets.size() != kept_.size()) {
+    const std::vector<optim::detail::KeptBucket>& kept = kept_.buckets();
+    if (buckets.size() != kept.size()) {
       return false;  // a parameter moved to another device or dtype (model.to(...))
     }
-    std::vector<std::vector<TensorList>> lists(kept_.size());
-    for (size_t b = 0; b < kept_.size(); ++b) {
+    std::vector<std::vector<TensorList>> lists(kept.size());
+    for (size_t b = 0; b < kept.size(); ++b) {
       Bucket& bucket = buckets[b];
-      const Kept& k = kept_[b];
+      const optim::detail::KeptBucket& k = kept[b];
       if (bucket.device != k.device || bucket.dtype != k.dtype || bucket.index != k.index) {
         return false;
       }
@@ -375,13 +317,11 @@ class FusedGroup {
     TORCH_CHECK(prepared_, name_, ": a launch without prepare_().");
     torch::NoGradGuard no_grad;
     if (checked_lists_.empty()) {
-      for (const Kept& k : kept_) {
-        launch_bucket(k.device, k.lists);
-      }
+      kept_.launch(launch_bucket);
       return;
     }
-    for (size_t b = 0; b < kept_.size(); ++b) {
-      launch_bucket(kept_[b].device, checked_lists_[b]);
+    for (size_t b = 0; b < checked_lists_.size(); ++b) {
+      launch_bucket(checked_buckets_[b].device, checked_lists_[b]);
       checked_buckets_[b].write_back();
     }
   }
@@ -396,7 +336,7 @@ class FusedGroup {
   // Each parameter's bucket in kept_; -1 for one that had no gradient when built.
   std::vector<int> bucket_of_;
   std::vector<size_t> with_grad_index_;  // the indices of those that had one
-  std::vector<Kept> kept_;
+  optim::detail::KeptLists kept_;
   // What prepare_ took: kept_'s lists (filled with the parameters and gradients), or
   // through the checked way, the buckets and their launch lists.
   bool prepared_ = false;

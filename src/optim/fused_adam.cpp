@@ -24,6 +24,26 @@ void check_options(const FusedAdamOptions& o) {
                     "; it must be >= 0.");
 }
 
+// The state lists of a group (detail::KeptGroups): exp_avg, exp_avg_sq, with amsgrad
+// max_exp_avg_sq, then the step counters.
+size_t state_count(const torch::optim::OptimizerOptions& options) {
+  return static_cast<const FusedAdamOptions&>(options).amsgrad() ? 4 : 3;
+}
+
+const at::Tensor& state_tensor(const torch::optim::OptimizerParamState& state, size_t s,
+                               size_t count) {
+  const auto& adam = static_cast<const FusedAdamParamState&>(state);
+  if (s + 1 == count) {
+    return adam.step();
+  }
+  return s == 0 ? adam.exp_avg() : s == 1 ? adam.exp_avg_sq() : adam.max_exp_avg_sq();
+}
+
+detail::AdamHyper hyper_of(const FusedAdamOptions& o, bool decoupled_weight_decay) {
+  return {o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
+          o.amsgrad(), decoupled_weight_decay};
+}
+
 }  // namespace
 
 FusedAdamOptions::FusedAdamOptions(double lr) : lr_(lr) {}
@@ -93,13 +113,28 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
   const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
+  detail::KeptGroups& kept = kept_groups_();
+  for (const auto& group : param_groups_) {
+    check_options(static_cast<const FusedAdamOptions&>(group.options()));
+  }
+  if (kept.take(param_groups_, state_, state_count, state_tensor)) {
+    for (size_t g = 0; g < param_groups_.size(); ++g) {
+      const auto& o = static_cast<const FusedAdamOptions&>(param_groups_[g].options());
+      detail::AdamHyper hyper = hyper_of(o, decoupled_weight_decay_);
+      kept.lists(g).launch([&](const at::Device& device, const auto& lists) {
+        hyper.live = detail::live_values(o.live(), device, o.lr(), o.weight_decay(), 0.0);
+        detail::launch_adam(device, lists, hyper, scaling.scale, scaling.found_inf);
+      });
+    }
+    return loss;
+  }
+  detail::KeptGroups::Record record(param_groups_);
   detail::step_buckets<FusedAdamOptions>(
       param_groups_, name, check_options, [&](const FusedAdamOptions& o, detail::Bucket& bucket) {
-        detail::AdamHyper hyper{
-            o.lr(),      std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(),
-            o.amsgrad(), decoupled_weight_decay_};
-        hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), 0.0);
+        detail::AdamHyper hyper = hyper_of(o, decoupled_weight_decay_);
+        hyper.live = detail::live_values(o.live(), bucket.device, o.lr(), o.weight_decay(), 0.0);
         std::vector<at::Tensor> exp_avg, exp_avg_sq, max_exp_avg_sq, steps;
+        std::vector<std::vector<at::Tensor>> kept_states(state_count(o));
         for (size_t k = 0; k < bucket.originals.size(); ++k) {
           const at::Tensor& p = bucket.originals[k];
           auto& s =
@@ -120,7 +155,11 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
           }
           detail::check_step_counter(p, s.step(), name, bucket.group, bucket.index[k]);
           steps.push_back(s.step());
+          for (size_t l = 0; l < kept_states.size(); ++l) {
+            kept_states[l].push_back(state_tensor(s, l, kept_states.size()));
+          }
         }
+        record.add(bucket, std::move(kept_states));
         const int steps_list =
             o.amsgrad() ? detail::AdamList::kStepsAmsgrad : detail::AdamList::kSteps;
         std::vector<std::vector<at::Tensor>> lists(steps_list + 1);
@@ -136,6 +175,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
           detail::launch_adam(bucket, lists, hyper, scaling.scale, scaling.found_inf);
         };
       });
+  kept.adopt(std::move(record));
   return loss;
 }
 

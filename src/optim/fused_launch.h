@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "optim/fused_kernel_params.h"
+#include "optim/kept_lists.h"
 
 namespace lucid {
 namespace optim {
@@ -94,14 +95,14 @@ void launch_sgd(const at::Device& device, const std::vector<std::vector<at::Tens
                 const SgdHyper& hyper, const at::Tensor& scale, const at::Tensor& found_inf);
 
 // The device copies of the schedulable hyper-parameters (NOTE: [Hyper-parameters on the
-// device]) for a bucket on a CUDA device, brought up to these values; null for the CPU,
+// device]) for a launch on a CUDA device, brought up to these values; null for the CPU,
 // whose kernels read the host values of their launch.
-inline const double* live_values(LiveHyperParameters& live, const Bucket& bucket, double lr,
+inline const double* live_values(LiveHyperParameters& live, const at::Device& device, double lr,
                                  double weight_decay, double momentum) {
-  if (!bucket.device.is_cuda()) {
+  if (!device.is_cuda()) {
     return nullptr;
   }
-  return live.on(bucket.device, lr, weight_decay, momentum).data_ptr<double>();
+  return live.on(device, lr, weight_decay, momentum).data_ptr<double>();
 }
 
 // A float32 0-dim step counter on `device`.
@@ -119,6 +120,138 @@ inline torch::Tensor run_closure(const torch::optim::Optimizer::LossClosure& clo
   at::AutoGradMode enable_grad(true);
   return closure();
 }
+
+// A C++ fused optimizer's launch lists, kept between steps, one KeptLists per param group
+// (NOTE: [Kept launch lists] in kept_lists.h). A group's parameters are held, so that the
+// TensorImpl addresses that key the optimizer's state are not reused while kept; so are
+// its state tensors, and a state entry replaced since (load(), state() written) is told
+// by its tensors' identity.
+class KeptGroups {
+  struct Group {
+    std::vector<at::Tensor> params;  // held
+    std::vector<int> bucket_of;      // each parameter's bucket; -1: it had no gradient
+    KeptLists lists;
+  };
+
+ public:
+  // The state lists of one param group's options: their count, and the tensor of list `s`
+  // (step counter last) of a parameter's state.
+  using StateCount = size_t (*)(const torch::optim::OptimizerOptions& options);
+  using StateTensor = const at::Tensor& (*)(const torch::optim::OptimizerParamState& state,
+                                            size_t s, size_t count);
+
+  // Takes every group's parameters and gradients into the kept lists when nothing changed
+  // since they were kept: the same groups and parameters, gradients where they were, the
+  // same state tensors, each passing KeptLists::take. Otherwise gives back what it took
+  // and returns false.
+  template <typename StateMap>
+  bool take(const std::vector<torch::optim::OptimizerParamGroup>& groups, const StateMap& state,
+            StateCount state_count, StateTensor state_tensor) {
+    if (groups.size() != groups_.size() || groups_.empty()) {
+      return false;
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (!take_group(groups_[g], groups[g], state, state_count, state_tensor)) {
+        release();
+        return false;
+      }
+    }
+    return true;
+  }
+
+  KeptLists& lists(size_t g) { return groups_[g].lists; }
+  void release() {
+    for (Group& g : groups_) {
+      g.lists.release();
+    }
+  }
+  void clear() { groups_.clear(); }
+
+  // What a step through the checked way records, kept (adopt()) once its launches ran:
+  // each bucket's device, dtype, indices and state lists. A bucket that needed a copy (a
+  // parameter, gradient or state tensor not launchable as it is) makes the whole record
+  // unkeepable: such a step takes the checked way every time.
+  class Record {
+   public:
+    explicit Record(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+      for (const auto& group : groups) {
+        groups_.push_back(Group{group.params(), std::vector<int>(group.params().size(), -1), {}});
+      }
+    }
+    // `states`: the bucket's state lists (the optimizer's own tensors, not launch copies),
+    // step counters last.
+    void add(const Bucket& bucket, std::vector<std::vector<at::Tensor>> states) {
+      for (size_t k = 0; k < bucket.originals.size(); ++k) {
+        keepable_ = keepable_ && bucket.params[k].is_same(bucket.originals[k]) &&
+                    bucket.grads[k].is_same(bucket.originals[k].grad());
+      }
+      keepable_ = keepable_ && bucket.copies.empty();
+      Group& g = groups_[bucket.group];
+      for (size_t i : bucket.index) {
+        g.bucket_of[i] = static_cast<int>(g.lists.buckets().size());
+      }
+      g.lists.keep(bucket.device, bucket.dtype, bucket.index, std::move(states));
+    }
+
+   private:
+    friend class KeptGroups;
+    std::vector<Group> groups_;
+    bool keepable_ = true;
+  };
+  // Keeps what `record` recorded, if it is keepable; else keeps nothing.
+  void adopt(Record&& record) {
+    groups_.clear();
+    if (record.keepable_) {
+      groups_ = std::move(record.groups_);
+    }
+  }
+
+ private:
+  template <typename StateMap>
+  static bool take_group(Group& kept, const torch::optim::OptimizerParamGroup& group,
+                         const StateMap& state, StateCount state_count, StateTensor state_tensor) {
+    const std::vector<at::Tensor>& params = group.params();
+    if (params.size() != kept.params.size()) {
+      return false;
+    }
+    const size_t count = state_count(group.options());
+    for (const KeptBucket& b : kept.lists.buckets()) {
+      if (b.lists.size() != count + 2) {
+        return false;  // an option that adds or removes a state list changed
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      if (!p.is_same(kept.params[i])) {
+        return false;
+      }
+      const int b = kept.bucket_of[i];
+      if (b < 0) {
+        if (p.grad().defined()) {
+          return false;
+        }
+        continue;
+      }
+      const int64_t at = kept.lists.take(static_cast<size_t>(b), p);
+      if (at < 0) {
+        return false;
+      }
+      const auto it = state.find(p.unsafeGetTensorImpl());
+      if (it == state.end() || !it->second) {
+        return false;
+      }
+      for (size_t s = 0; s < count; ++s) {
+        if (!state_tensor(*it->second, s, count)
+                 .is_same(kept.lists.state(static_cast<size_t>(b), s, static_cast<size_t>(at)))) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  std::vector<Group> groups_;
+};
 
 // One step over every parameter group: check(options) and the buckets of each group,
 // then prepare(options, bucket) for every bucket, which checks the state and returns its

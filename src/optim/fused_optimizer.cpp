@@ -10,11 +10,24 @@
 
 #include <lucid/optim/fused_optimizer.h>
 
+#include "optim/fused_launch.h"
+
 namespace lucid {
 namespace optim {
 
+FusedOptimizer::~FusedOptimizer() = default;
+FusedOptimizer::FusedOptimizer(FusedOptimizer&& other) noexcept = default;
+FusedOptimizer& FusedOptimizer::operator=(FusedOptimizer&& other) noexcept = default;
+
 void FusedOptimizer::set_grad_scaling(torch::Tensor scale, torch::Tensor found_inf) {
   pending_ = {std::move(scale), std::move(found_inf)};
+}
+
+detail::KeptGroups& FusedOptimizer::kept_groups_() {
+  if (!kept_) {
+    kept_ = std::make_unique<detail::KeptGroups>();
+  }
+  return *kept_;
 }
 
 FusedOptimizer::Scaling FusedOptimizer::take_scaling_() {

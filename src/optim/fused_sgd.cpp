@@ -20,6 +20,22 @@ void check_options(const FusedSGDOptions& o) {
                     "Nesterov momentum requires a momentum > 0 and zero dampening.");
 }
 
+// The state lists of a group (detail::KeptGroups): with momentum the momentum buffers,
+// then the step counters.
+size_t state_count(const torch::optim::OptimizerOptions& options) {
+  return static_cast<const FusedSGDOptions&>(options).momentum() != 0 ? 2 : 1;
+}
+
+const at::Tensor& state_tensor(const torch::optim::OptimizerParamState& state, size_t s,
+                               size_t count) {
+  const auto& sgd = static_cast<const FusedSGDParamState&>(state);
+  return s + 1 == count ? sgd.step() : sgd.momentum_buffer();
+}
+
+detail::SgdHyper hyper_of(const FusedSGDOptions& o) {
+  return {o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
+}
+
 }  // namespace
 
 FusedSGDOptions::FusedSGDOptions(double lr) : lr_(lr) {}
@@ -85,13 +101,31 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
+  detail::KeptGroups& kept = kept_groups_();
+  for (const auto& group : param_groups_) {
+    check_options(static_cast<const FusedSGDOptions&>(group.options()));
+  }
+  if (kept.take(param_groups_, state_, state_count, state_tensor)) {
+    for (size_t g = 0; g < param_groups_.size(); ++g) {
+      const auto& o = static_cast<const FusedSGDOptions&>(param_groups_[g].options());
+      detail::SgdHyper hyper = hyper_of(o);
+      kept.lists(g).launch([&](const at::Device& device, const auto& lists) {
+        hyper.live = detail::live_values(o.live(), device, o.lr(), o.weight_decay(), o.momentum());
+        detail::launch_sgd(device, lists, hyper, scaling.scale, scaling.found_inf);
+      });
+    }
+    return loss;
+  }
+  detail::KeptGroups::Record record(param_groups_);
   detail::step_buckets<FusedSGDOptions>(
       param_groups_, "FusedSGD", check_options,
       [&](const FusedSGDOptions& o, detail::Bucket& bucket) {
-        detail::SgdHyper hyper{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()};
-        hyper.live = detail::live_values(o.live(), bucket, o.lr(), o.weight_decay(), o.momentum());
+        detail::SgdHyper hyper = hyper_of(o);
+        hyper.live =
+            detail::live_values(o.live(), bucket.device, o.lr(), o.weight_decay(), o.momentum());
         const bool momentum = o.momentum() != 0;
         std::vector<at::Tensor> buffers, steps;
+        std::vector<std::vector<at::Tensor>> kept_states(state_count(o));
         for (size_t k = 0; k < bucket.originals.size(); ++k) {
           const at::Tensor& p = bucket.originals[k];
           auto& s = detail::param_state<FusedSGDParamState>(state_, p, [](FusedSGDParamState&) {});
@@ -105,7 +139,11 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
           }
           detail::check_step_counter(p, s.step(), "FusedSGD", bucket.group, bucket.index[k]);
           steps.push_back(s.step());
+          for (size_t l = 0; l < kept_states.size(); ++l) {
+            kept_states[l].push_back(state_tensor(s, l, kept_states.size()));
+          }
         }
+        record.add(bucket, std::move(kept_states));
         const int steps_list = momentum ? detail::SgdList::kStepsMomentum : detail::SgdList::kSteps;
         std::vector<std::vector<at::Tensor>> lists(steps_list + 1);
         lists[detail::SgdList::kParam] = bucket.params;
@@ -118,6 +156,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
           detail::launch_sgd(bucket, lists, hyper, scaling.scale, scaling.found_inf);
         };
       });
+  kept.adopt(std::move(record));
   return loss;
 }
 

@@ -15,6 +15,7 @@ namespace optim {
 /// Implementation details of lucid::optim; not part of the API.
 namespace detail {
 class DeviceHyperCopies;
+class KeptGroups;
 }  // namespace detail
 
 /// The hyper-parameters of one parameter group that schedules change (learning rate,
@@ -66,6 +67,11 @@ class ScalerAware {
 /// device and dtype (CPU and CUDA; float32 and float64 parameters).
 class FusedOptimizer : public torch::optim::Optimizer, public ScalerAware {
  public:
+  ~FusedOptimizer() override;
+  /// Movable, as torch::optim::Optimizer; not copyable.
+  FusedOptimizer(FusedOptimizer&& other) noexcept;
+  FusedOptimizer& operator=(FusedOptimizer&& other) noexcept;
+
   void set_grad_scaling(torch::Tensor scale, torch::Tensor found_inf) override;
 
  protected:
@@ -80,9 +86,12 @@ class FusedOptimizer : public torch::optim::Optimizer, public ScalerAware {
   };
   /// Returns the scaling set for this step and clears it (the next step has none).
   Scaling take_scaling_();
+  /// The launch lists kept between steps (made on first use; internal).
+  detail::KeptGroups& kept_groups_();
 
  private:
   Scaling pending_;
+  std::unique_ptr<detail::KeptGroups> kept_;
 };
 
 }  // namespace optim
