@@ -311,6 +311,29 @@ TEST(GradScalerStages, StageAccessorFollowsReadyUnscaledStepped) {
   EXPECT_EQ(scaler.stage(p.opt), OptimizerStage::kReady);
 }
 
+// A C++ optimizer's key is its address, whichever way it is spelt; a front's numbered key
+// names the same optimizer as the address with that number. The null key is refused.
+TEST(GradScalerStages, OptimizerKeysNameOptimizersByAddressOrNumber) {
+  HandParam p({1.0f});
+  const lucid::amp::OptimizerKey key = &p.opt;
+  EXPECT_TRUE(key == &p.opt);
+  EXPECT_EQ(key, lucid::amp::OptimizerKey::from_id(reinterpret_cast<std::uintptr_t>(&p.opt)));
+  EXPECT_NE(key, lucid::amp::OptimizerKey());
+  EXPECT_FALSE(static_cast<bool>(lucid::amp::OptimizerKey()));
+  EXPECT_EQ(std::hash<lucid::amp::OptimizerKey>()(key),
+            std::hash<std::uintptr_t>()(reinterpret_cast<std::uintptr_t>(&p.opt)));
+  GradScaler scaler;
+  scale_loss(scaler);
+  p.set_grad(scaled({1.0f}, kDefaultScale));
+  scaler.unscale_(p.opt);
+  EXPECT_EQ(scaler.stage(key), OptimizerStage::kUnscaled);
+  EXPECT_EQ(scaler.stage(lucid::amp::OptimizerKey::from_id(key.id())), OptimizerStage::kUnscaled);
+  lucid::amp::OptimizerView view;
+  view.param_groups.emplace_back(p.opt.param_groups()[0].params());
+  EXPECT_TRUE(ThrowsValueError("key must not be null", [&] { scaler.unscale_(view); }));
+  EXPECT_EQ(scaler.stage(lucid::amp::OptimizerKey()), OptimizerStage::kReady);
+}
+
 TEST(GradScalerStages, StepWithoutUnscaleMovesReadyToStepped) {
   HandParam p({1.0f});
   GradScaler scaler;

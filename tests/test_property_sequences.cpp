@@ -363,9 +363,9 @@ struct Real {
       }
     }
   }
-  int index_of(const void* p) const {
+  int index_of(lucid::amp::OptimizerKey key) const {
     for (int k = 0; k < kOptimizers; ++k) {
-      if (opt[k].get() == p) {
+      if (key == opt[k].get()) {
         return k;
       }
     }

@@ -45,7 +45,7 @@ using ParamGroups = std::vector<std::vector<at::Tensor>>;
 OptimizerView make_view(uintptr_t key, const ParamGroups& groups) {
   TORCH_CHECK(key != 0, "lucid_amp: an optimizer key must not be 0.");
   OptimizerView view;
-  view.key = reinterpret_cast<const void*>(key);
+  view.key = amp::OptimizerKey::from_id(key);
   view.param_groups.reserve(groups.size());
   for (const auto& group : groups) {
     view.param_groups.emplace_back(group);
@@ -66,7 +66,7 @@ py::dict report_dict(const amp::OverflowReport& report) {
   py::list gradients;
   for (const auto& g : report.gradients) {
     py::dict d;
-    d["optimizer_key"] = reinterpret_cast<uintptr_t>(g.optimizer);
+    d["optimizer_key"] = g.optimizer.id();
     d["param_group"] = g.param_group;
     d["index"] = g.index;
     d["name"] = g.name;
@@ -259,10 +259,10 @@ void bind_grad_scaler(py::module& m) {
            }))
       // 0 ready, 1 unscaled, 2 stepped.
       .def("stage", torch::wrap_pybind_function([](GradScaler& self, uintptr_t key) {
-             return static_cast<int>(self.stage(reinterpret_cast<const void*>(key)));
+             return static_cast<int>(self.stage(amp::OptimizerKey::from_id(key)));
            }))
       .def("step_skipped", torch::wrap_pybind_function([](GradScaler& self, uintptr_t key) {
-             return self.step_skipped(reinterpret_cast<const void*>(key));
+             return self.step_skipped(amp::OptimizerKey::from_id(key));
            }))
       .def("overflowed",
            torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups) {

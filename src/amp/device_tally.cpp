@@ -16,7 +16,7 @@ void DeviceTally::ensure_(const at::Device& device) {
   }
 }
 
-void DeviceTally::note_step(const void* key, const at::Tensor& found_inf,
+void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf,
                             const at::Device& device) {
   ensure_(device);
   const at::Tensor skipped =
@@ -65,7 +65,7 @@ void DeviceTally::add_to(ScalerCounters& counters) const {
   }
 }
 
-bool DeviceTally::last_step(const void* key, bool* skipped) const {
+bool DeviceTally::last_step(OptimizerKey key, bool* skipped) const {
   const auto it = last_skipped_.find(key);
   if (it == last_skipped_.end()) {
     return false;

@@ -35,7 +35,7 @@ class DeviceTally {
   // A graph_safe step of the optimizer with key `key` ran (or was skipped on the device)
   // with the overflow flag `found_inf` (float32, 0-dim, on the scale's device; undefined:
   // clean).
-  void note_step(const void* key, const at::Tensor& found_inf, const at::Device& device);
+  void note_step(OptimizerKey key, const at::Tensor& found_inf, const at::Device& device);
   // A graph_safe update() with the combined flag `found_inf` is about to advance the
   // schedule, whose trackers are still those before it (`overflow_tracker` undefined: 0).
   void note_update(const at::Tensor& found_inf, const at::Tensor& growth_tracker,
@@ -46,7 +46,7 @@ class DeviceTally {
   void add_to(ScalerCounters& counters) const;
   // Whether a step of `key` was counted here; then *skipped is whether the last one was
   // skipped (one read).
-  bool last_step(const void* key, bool* skipped) const;
+  bool last_step(OptimizerKey key, bool* skipped) const;
   // Updates counted so far (host count: no read).
   int64_t updates() const { return updates_; }
   // Forgets what was counted; a loaded checkpoint's streak continues from `streak`.
@@ -68,7 +68,7 @@ class DeviceTally {
   at::Tensor tally_;  // int64, kFieldCount entries, on the scale's device
   int64_t streak_at_reset_ = 0;
   int64_t updates_ = 0;  // note_update calls since the last reset (host count)
-  std::unordered_map<const void*, at::Tensor> last_skipped_;  // bool, 0-dim, per optimizer
+  std::unordered_map<OptimizerKey, at::Tensor> last_skipped_;  // bool, 0-dim, per optimizer
 };
 
 }  // namespace detail

@@ -99,7 +99,7 @@ OptimizerStage GradScaler::stage(const torch::optim::Optimizer& optimizer) const
   return core_().stage(&optimizer);
 }
 
-OptimizerStage GradScaler::stage(const void* key) const { return core_().stage(key); }
+OptimizerStage GradScaler::stage(OptimizerKey key) const { return core_().stage(key); }
 
 void GradScaler::set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook) {
   core_().set_found_inf_hook(std::move(hook), std::move(norm_hook));
@@ -118,7 +118,7 @@ bool GradScaler::step_skipped(const torch::optim::Optimizer& optimizer) const {
   return const_cast<detail::ScalerCore&>(core_()).step_skipped(&optimizer);
 }
 
-bool GradScaler::step_skipped(const void* key) const {
+bool GradScaler::step_skipped(OptimizerKey key) const {
   return const_cast<detail::ScalerCore&>(core_()).step_skipped(key);
 }
 
@@ -126,7 +126,7 @@ torch::Tensor GradScaler::found_inf(const torch::optim::Optimizer& optimizer) co
   return core_().found_inf(&optimizer);
 }
 
-torch::Tensor GradScaler::found_inf(const void* key) const { return core_().found_inf(key); }
+torch::Tensor GradScaler::found_inf(OptimizerKey key) const { return core_().found_inf(key); }
 
 bool GradScaler::overflowed(const torch::optim::Optimizer& optimizer) {
   if (!is_enabled()) {

@@ -9,12 +9,12 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
-const OptimizerRecord* OptimizerRecords::find(const void* key) const {
+const OptimizerRecord* OptimizerRecords::find(OptimizerKey key) const {
   const auto it = records_.find(key);
   return it == records_.end() ? nullptr : &it->second;
 }
 
-OptimizerRecord* OptimizerRecords::find(const void* key) {
+OptimizerRecord* OptimizerRecords::find(OptimizerKey key) {
   const auto it = records_.find(key);
   return it == records_.end() ? nullptr : &it->second;
 }

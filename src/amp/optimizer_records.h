@@ -5,6 +5,7 @@
 // stage (ready -> unscaled -> stepped) and its overflow flag. Keyed by OptimizerView::key.
 
 #include <lucid/amp/grad_scaler_options.h>
+#include <lucid/amp/optimizer_view.h>
 
 #include "amp/flag_read.h"
 
@@ -36,7 +37,7 @@ struct OptimizerRecord {
   // A scaler-aware step whose outcome the host has not read yet (OptimizerView::
   // defer_outcome): its key and parameters, for note_step and the overflow report.
   bool outcome_deferred = false;
-  const void* deferred_key = nullptr;
+  OptimizerKey deferred_key;
   std::vector<std::vector<at::Tensor>> deferred_params;
 };
 
@@ -44,11 +45,15 @@ struct OptimizerRecord {
 // change nothing.
 class OptimizerRecords {
  public:
-  // The record of `key`, created ready on first use.
-  OptimizerRecord& at(const void* key) { return records_[key]; }
+  // The record of `key`, created ready on first use; c10::ValueError for the null key.
+  OptimizerRecord& at(OptimizerKey key) {
+    TORCH_CHECK_VALUE(key, "GradScaler: an OptimizerView's key must not be null: use the "
+                           "optimizer's address (&optimizer). Nothing was changed.");
+    return records_[key];
+  }
   // The record of `key`, or null if the optimizer was not seen in this iteration.
-  const OptimizerRecord* find(const void* key) const;
-  OptimizerRecord* find(const void* key);
+  const OptimizerRecord* find(OptimizerKey key) const;
+  OptimizerRecord* find(OptimizerKey key);
 
   static void check_can_unscale(const OptimizerRecord& record);
   static void check_can_step(const OptimizerRecord& record);
@@ -78,7 +83,7 @@ class OptimizerRecords {
   void clear() { records_.clear(); }
 
  private:
-  std::unordered_map<const void*, OptimizerRecord> records_;
+  std::unordered_map<OptimizerKey, OptimizerRecord> records_;
 };
 
 }  // namespace detail

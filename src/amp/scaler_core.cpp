@@ -336,7 +336,7 @@ void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {
   });
 }
 
-bool ScalerCore::step_skipped(const void* key) {
+bool ScalerCore::step_skipped(OptimizerKey key) {
   resolve_deferred_steps_();
   return diagnostics_.step_skipped(key);
 }
@@ -486,7 +486,7 @@ void ScalerCore::finish_iteration_() {
 
 double ScalerCore::get_scale() const { return enabled() ? schedule_.value() : 1.0; }
 
-OptimizerStage ScalerCore::stage(const void* key) const {
+OptimizerStage ScalerCore::stage(OptimizerKey key) const {
   const OptimizerRecord* record = records_.find(key);
   return record == nullptr ? OptimizerStage::kReady : record->stage;
 }
@@ -496,7 +496,7 @@ ScalerCounters ScalerCore::counters() {
   return diagnostics_.all_counters(options());
 }
 
-at::Tensor ScalerCore::found_inf(const void* key) const {
+at::Tensor ScalerCore::found_inf(OptimizerKey key) const {
   const OptimizerRecord* record = records_.find(key);
   TORCH_CHECK(record != nullptr && record->stage != OptimizerStage::kReady,
               "found_inf(optimizer): no overflow check was recorded for this optimizer since "

@@ -46,17 +46,17 @@ class ScalerCore {
   bool enabled() const { return schedule_.options().enabled(); }
   const GradScalerOptions& options() const { return schedule_.options(); }
   const at::Tensor& scale_tensor() const { return schedule_.scale(); }
-  OptimizerStage stage(const void* key) const;
+  OptimizerStage stage(OptimizerKey key) const;
   // Replaces both hooks; a norm hook needs a found-inf hook (c10::ValueError).
   void set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook = nullptr);
 
   // Diagnostics.
   // These three read the outcome of deferred steps first (OptimizerView::defer_outcome).
   ScalerCounters counters();
-  bool step_skipped(const void* key);
+  bool step_skipped(OptimizerKey key);
   // The overflow flag of this iteration for the optimizer with key `key` (float32, 0-dim,
   // on the scale's device, unread); throws when it has none since the last update().
-  at::Tensor found_inf(const void* key) const;
+  at::Tensor found_inf(OptimizerKey key) const;
   bool overflowed(const OptimizerView& view);
   const std::optional<OverflowReport>& last_overflow();
   ScalerDiagnostics& diagnostics() { return diagnostics_; }

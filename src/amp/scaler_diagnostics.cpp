@@ -116,7 +116,7 @@ std::vector<NonFiniteGradient> non_finite_gradients(
 
 }  // namespace
 
-void ScalerDiagnostics::note_step(const void* key, bool skipped) {
+void ScalerDiagnostics::note_step(OptimizerKey key, bool skipped) {
   if (skipped) {
     ++counters_.steps_skipped;
   } else {
@@ -235,7 +235,7 @@ void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
   tally_.reset(counters_.overflow_streak);
 }
 
-bool ScalerDiagnostics::step_skipped(const void* key) const {
+bool ScalerDiagnostics::step_skipped(OptimizerKey key) const {
   bool skipped = false;
   if (tally_.last_step(key, &skipped)) {
     return skipped;

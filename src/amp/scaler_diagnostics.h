@@ -54,7 +54,7 @@ namespace detail {
 class ScalerDiagnostics {
  public:
   // A step() decided whether it skipped the optimizer with key `key`.
-  void note_step(const void* key, bool skipped);
+  void note_step(OptimizerKey key, bool skipped);
   // The host learnt that an optimizer overflowed in this iteration; `view` lists its
   // gradients, or is null where the optimizer may be gone (update() reading the flag of
   // one that was only unscale_'d). `scale` is the scale the gradients were divided by.
@@ -88,7 +88,7 @@ class ScalerDiagnostics {
   // A checkpoint's trackers (and counters, when it has them) replace the mirror.
   void reset(int64_t growth_tracker, int64_t overflow_tracker, const ScalerCounters* counters);
 
-  bool step_skipped(const void* key) const;
+  bool step_skipped(OptimizerKey key) const;
   const std::optional<OverflowReport>& last_overflow() const { return last_overflow_; }
   // The report of the iteration in progress, if it has one.
   const OverflowReport* current_overflow() const;
@@ -120,7 +120,7 @@ class ScalerDiagnostics {
   int32_t growth_tracker_ = 0;
   int32_t overflow_tracker_ = 0;
   std::vector<Pending> pending_;  // in update order
-  std::unordered_map<const void*, bool> last_step_skipped_;
+  std::unordered_map<OptimizerKey, bool> last_step_skipped_;
   std::optional<OverflowReport> last_overflow_;
   BackoffCallback on_backoff_;
   std::unordered_map<const c10::TensorImpl*, Name> names_;

@@ -7,6 +7,8 @@
 /// NOTE: [Diagnostics without host synchronisation] in src/amp/scaler_diagnostics.h says where
 /// each number comes from and what it costs.
 
+#include <lucid/amp/optimizer_view.h>
+
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
@@ -24,7 +26,7 @@ namespace amp {
 struct NonFiniteGradient {
   /// The key of the optimizer the parameter belongs to (OptimizerView::key: `&optimizer`
   /// for a C++ optimizer); for comparing only, it is not kept alive.
-  const void* optimizer = nullptr;
+  OptimizerKey optimizer;
   /// Index of the parameter group in `optimizer->param_groups()`.
   size_t param_group = 0;
   /// Index of the parameter within that group.

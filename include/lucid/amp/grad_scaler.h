@@ -122,11 +122,11 @@ class GradScaler {
   /// happens on the device).
   bool step(const OptimizerView& view);
   /// The stage of the optimizer with view key `key` (kReady if never seen).
-  OptimizerStage stage(const void* key) const;
+  OptimizerStage stage(OptimizerKey key) const;
   /// step_skipped for the optimizer with view key `key`.
-  bool step_skipped(const void* key) const;
+  bool step_skipped(OptimizerKey key) const;
   /// found_inf for the optimizer with view key `key`.
-  torch::Tensor found_inf(const void* key) const;
+  torch::Tensor found_inf(OptimizerKey key) const;
   /// overflowed for the optimizer `view` describes.
   bool overflowed(const OptimizerView& view);
 

@@ -10,11 +10,53 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <ostream>
 #include <vector>
 
 namespace lucid {
 namespace amp {
+
+/// Names one optimizer to a GradScaler from one call to the next: compared and hashed,
+/// never dereferenced, and it keeps nothing alive. A C++ optimizer's key is its address
+/// (any pointer converts: `&optimizer`); a front without C++ objects makes one from a
+/// number unique among the optimizers alive (from_id: the Python front uses id()). The
+/// default key is null and names no optimizer.
+class OptimizerKey {
+ public:
+  /// The null key.
+  constexpr OptimizerKey() noexcept = default;
+  /// The key of the object at `address` (`&optimizer`).
+  OptimizerKey(const void* address) noexcept  // NOLINT(google-explicit-constructor): `&opt`
+      : id_(reinterpret_cast<std::uintptr_t>(address)) {}
+  /// The key numbered `id` (0 is the null key).
+  static constexpr OptimizerKey from_id(std::uintptr_t id) noexcept { return OptimizerKey(id, 0); }
+
+  /// The number the key compares by: the address, or from_id's number.
+  constexpr std::uintptr_t id() const noexcept { return id_; }
+  /// Whether the key names an optimizer (is not null).
+  constexpr explicit operator bool() const noexcept { return id_ != 0; }
+
+  friend constexpr bool operator==(OptimizerKey a, OptimizerKey b) noexcept {
+    return a.id_ == b.id_;
+  }
+  friend constexpr bool operator!=(OptimizerKey a, OptimizerKey b) noexcept {
+    return a.id_ != b.id_;
+  }
+  /// Prints the number in hexadecimal, as a pointer prints.
+  friend std::ostream& operator<<(std::ostream& out, OptimizerKey key) {
+    const auto flags = out.flags();
+    out << "0x" << std::hex << key.id_;
+    out.flags(flags);
+    return out;
+  }
+
+ private:
+  constexpr OptimizerKey(std::uintptr_t id, int /*tag*/) noexcept : id_(id) {}
+  std::uintptr_t id_ = 0;
+};
 
 /// A non-owning view of one optimizer for one GradScaler call. Build it right before the
 /// call; everything it refers to must outlive the call.
@@ -22,7 +64,7 @@ struct OptimizerView {
   /// Identifies the optimizer from one call to the next (a C++ optimizer's address):
   /// the scaler keeps the optimizer's stage and overflow flag under this key until
   /// update(). Must not be null.
-  const void* key = nullptr;
+  OptimizerKey key;
   /// The optimizer's parameters, one list per param group, in the optimizer's order.
   /// Gradients are read from them (`param.grad()`); undefined gradients are passed over.
   std::vector<c10::ArrayRef<at::Tensor>> param_groups;
@@ -44,3 +86,13 @@ struct OptimizerView {
 
 }  // namespace amp
 }  // namespace lucid
+
+namespace std {
+/// OptimizerKey is a key of std::unordered_map.
+template <>
+struct hash<lucid::amp::OptimizerKey> {
+  size_t operator()(lucid::amp::OptimizerKey key) const noexcept {
+    return hash<uintptr_t>()(key.id());
+  }
+};
+}  // namespace std
