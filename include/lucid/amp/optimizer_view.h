@@ -39,9 +39,11 @@ class OptimizerKey {
   /// Whether the key names an optimizer (is not null).
   constexpr explicit operator bool() const noexcept { return id_ != 0; }
 
+  /// Whether two keys name the same optimizer.
   friend constexpr bool operator==(OptimizerKey a, OptimizerKey b) noexcept {
     return a.id_ == b.id_;
   }
+  /// Whether two keys name different optimizers.
   friend constexpr bool operator!=(OptimizerKey a, OptimizerKey b) noexcept {
     return a.id_ != b.id_;
   }
@@ -87,12 +89,16 @@ struct OptimizerView {
 }  // namespace amp
 }  // namespace lucid
 
+// OptimizerKey is a key of std::unordered_map (outside the API reference, which
+// documents lucid's namespaces only).
+/// @cond
 namespace std {
-/// OptimizerKey is a key of std::unordered_map.
 template <>
 struct hash<lucid::amp::OptimizerKey> {
+  /// The hash of the key's number.
   size_t operator()(lucid::amp::OptimizerKey key) const noexcept {
     return hash<uintptr_t>()(key.id());
   }
 };
 }  // namespace std
+/// @endcond

@@ -67,9 +67,12 @@ class ScalerAware {
 /// device and dtype (CPU and CUDA; float32 and float64 parameters).
 class FusedOptimizer : public torch::optim::Optimizer, public ScalerAware {
  public:
+  /// Destroys the optimizer and the launch lists it kept.
   ~FusedOptimizer() override;
-  /// Movable, as torch::optim::Optimizer; not copyable.
+  /// Moves the optimizer, its state and its kept launch lists (not copyable, as
+  /// torch::optim::Optimizer).
   FusedOptimizer(FusedOptimizer&& other) noexcept;
+  /// Move-assigns, as the move constructor.
   FusedOptimizer& operator=(FusedOptimizer&& other) noexcept;
 
   void set_grad_scaling(torch::Tensor scale, torch::Tensor found_inf) override;
