@@ -55,10 +55,14 @@ TEST(GuardOptions, MaxScaleMustBePositiveAndFitFloat32OrBeInfinite) {
 TEST(GuardOptions, HysteresisMustBeInInt32Range) {
   for (const int64_t bad : {int64_t{0}, int64_t{-1}, int64_t{1} << 31,
                             std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
-    EXPECT_TRUE(ThrowsValueError("hysteresis", [&] { GradScaler(GradScalerOptions().hysteresis(bad)); }))
-        << bad;
+    EXPECT_TRUE(ThrowsValueError("hysteresis must be in [1, 2147483647] (1 turns it off)", [&] {
+      GradScaler(GradScalerOptions().hysteresis(bad));
+    })) << bad;
   }
   EXPECT_NO_THROW(GradScaler(GradScalerOptions().hysteresis(2147483647)));
+  // The growth interval is no guard: nothing turns it off.
+  EXPECT_TRUE(ThrowsValueError("growth_interval must be in [1, 2147483647], got 0",
+                               [] { GradScaler(GradScalerOptions().growth_interval(0)); }));
 }
 
 TEST(GuardOptions, MinAboveMaxIsRefused) {

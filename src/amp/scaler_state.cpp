@@ -28,33 +28,38 @@ void from_ivalue(const c10::IValue& v, Enum& out) {
   out = static_cast<Enum>(v.toInt());
 }
 
-// The range checks; `key` names the option.
-void any_value(const c10::IValue& /*value*/, const char* /*key*/) {}
+// The range checks of the table; `entry` is the option's own.
+void any_value(const c10::IValue& /*value*/, const OptionEntry& /*entry*/) {}
 
-void positive_float32(const c10::IValue& value, const char* key) {
-  checked_scale(value.toDouble(), key);
+void positive_float32(const c10::IValue& value, const OptionEntry& entry) {
+  checked_scale(value.toDouble(), entry.key);
 }
 
-void finite_above_one(const c10::IValue& value, const char* key) {
+void finite_above_one(const c10::IValue& value, const OptionEntry& entry) {
   const double v = value.toDouble();
-  TORCH_CHECK_VALUE(std::isfinite(v) && v > 1.0, "GradScaler: ", key,
+  TORCH_CHECK_VALUE(std::isfinite(v) && v > 1.0, "GradScaler: ", entry.key,
                     " must be finite and > 1.0, got ", v, ".");
 }
 
-void in_open_unit_interval(const c10::IValue& value, const char* key) {
+void in_open_unit_interval(const c10::IValue& value, const OptionEntry& entry) {
   const double v = value.toDouble();
-  TORCH_CHECK_VALUE(v > 0.0 && v < 1.0, "GradScaler: ", key, " must be in (0, 1), got ", v, ".");
+  TORCH_CHECK_VALUE(v > 0.0 && v < 1.0, "GradScaler: ", entry.key, " must be in (0, 1), got ", v,
+                    ".");
 }
 
-// A count kept in an int32 tracker on the device (as PyTorch keeps its growth tracker).
-void positive_int32(const c10::IValue& value, const char* key) {
+// A count kept in an int32 tracker on the device (as PyTorch keeps its growth tracker); a
+// guard's (hysteresis) default 1 turns it off.
+void positive_int32(const c10::IValue& value, const OptionEntry& entry) {
   const int64_t v = value.toInt();
-  TORCH_CHECK_VALUE(v >= 1 && v <= std::numeric_limits<int32_t>::max(), "GradScaler: ", key,
-                    " must be in [1, 2147483647], got ", v, ".");
+  TORCH_CHECK_VALUE(v >= 1 && v <= std::numeric_limits<int32_t>::max(), "GradScaler: ", entry.key,
+                    " must be in [1, 2147483647]",
+                    entry.in_state_dict == InStateDict::kWhileOn ? " (1 turns it off)" : "",
+                    ", got ", v, ".");
 }
 
 // A guard or a warning whose 0 turns it off.
-void non_negative(const c10::IValue& value, const char* key) {
+void non_negative(const c10::IValue& value, const OptionEntry& entry) {
+  const char* key = entry.key;
   if (value.isInt()) {
     TORCH_CHECK_VALUE(value.toInt() >= 0, "GradScaler: ", key,
                       " must be >= 0 (0 turns it off), got ", value.toInt(), ".");
@@ -66,7 +71,8 @@ void non_negative(const c10::IValue& value, const char* key) {
 }
 
 // +inf (off) or a positive value float32 can hold.
-void float32_or_infinity(const c10::IValue& value, const char* key) {
+void float32_or_infinity(const c10::IValue& value, const OptionEntry& entry) {
+  const char* key = entry.key;
   const double v = value.toDouble();
   TORCH_CHECK_VALUE(v > 0.0 && (std::isinf(v) || v <= static_cast<double>(FLT_MAX)),
                     "GradScaler: ", key, " must be > 0 and at most float32's largest value ",
@@ -75,13 +81,11 @@ void float32_or_infinity(const c10::IValue& value, const char* key) {
                     " rounds to 0 in float32, where the scale is kept; pass a larger value.");
 }
 
-void known_enum_value(const c10::IValue& value, const char* key) {
-  const OptionEntry* entry = find_option(key);
-  TORCH_INTERNAL_ASSERT(entry != nullptr && entry->kind == OptionKind::kEnum);
+void known_enum_value(const c10::IValue& value, const OptionEntry& entry) {
   const int64_t v = value.toInt();
-  TORCH_CHECK_VALUE(v >= 0 && v < static_cast<int64_t>(entry->value_names.size()),
-                    "GradScaler: ", key, " must be in [0, ", entry->value_names.size(), "), got ",
-                    v, ".");
+  TORCH_CHECK_VALUE(v >= 0 && v < static_cast<int64_t>(entry.value_names.size()),
+                    "GradScaler: ", entry.key, " must be in [0, ", entry.value_names.size(),
+                    "), got ", v, ".");
 }
 
 constexpr OptionKind kind_of(double) { return OptionKind::kDouble; }
@@ -197,7 +201,7 @@ namespace {
 // message.
 void check_each_option(const GradScalerOptions& options, const char* who) {
   for (const OptionEntry& entry : option_table()) {
-    entry.check(entry.get(options), entry.key);
+    entry.check(entry.get(options), entry);
   }
   TORCH_CHECK_VALUE(options.min_scale() <= options.max_scale(), who, ": min_scale ",
                     options.min_scale(), " is above max_scale ", options.max_scale(), ".");

@@ -45,8 +45,9 @@ struct OptionEntry {
   // `value` holds the kind's type (an enum's value in range: enum_value, or archives'
   // own check); the option is set without a range check.
   void (*set)(GradScalerOptions& options, const c10::IValue& value);
-  // Throws c10::ValueError naming the option (`key`) when `value` is out of its range.
-  void (*check)(const c10::IValue& value, const char* key);
+  // Throws c10::ValueError naming the option (`entry`, this one) when `value` is out of
+  // its range.
+  void (*check)(const c10::IValue& value, const OptionEntry& entry);
   InStateDict in_state_dict;
 };
 

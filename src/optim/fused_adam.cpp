@@ -114,18 +114,13 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
   const Scaling scaling = take_scaling_();
   const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
   detail::KeptGroups& kept = kept_groups_();
-  for (const auto& group : param_groups_) {
-    check_options(static_cast<const FusedAdamOptions&>(group.options()));
-  }
-  if (kept.take(param_groups_, state_, state_count, state_tensor)) {
-    for (size_t g = 0; g < param_groups_.size(); ++g) {
-      const auto& o = static_cast<const FusedAdamOptions&>(param_groups_[g].options());
-      detail::AdamHyper hyper = hyper_of(o, decoupled_weight_decay_);
-      kept.lists(g).launch([&](const at::Device& device, const auto& lists) {
-        hyper.live = detail::live_values(o.live(), device, o.lr(), o.weight_decay(), 0.0);
-        detail::launch_adam(device, lists, hyper, scaling.scale, scaling.found_inf);
-      });
-    }
+  if (detail::step_kept<FusedAdamOptions>(
+          kept, param_groups_, state_, state_count, state_tensor, check_options,
+          [&](const FusedAdamOptions& o, const at::Device& device, const auto& lists) {
+            detail::AdamHyper hyper = hyper_of(o, decoupled_weight_decay_);
+            hyper.live = detail::live_values(o.live(), device, o.lr(), o.weight_decay(), 0.0);
+            detail::launch_adam(device, lists, hyper, scaling.scale, scaling.found_inf);
+          })) {
     return loss;
   }
   detail::KeptGroups::Record record(param_groups_);

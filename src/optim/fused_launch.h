@@ -165,7 +165,6 @@ class KeptGroups {
       g.lists.release();
     }
   }
-  void clear() { groups_.clear(); }
 
   // What a step through the checked way records, kept (adopt()) once its launches ran:
   // each bucket's device, dtype, indices and state lists. A bucket that needed a copy (a
@@ -252,6 +251,28 @@ class KeptGroups {
 
   std::vector<Group> groups_;
 };
+
+// One step through the kept lists: check(options) for every group, then, when every
+// group's parameters can be taken (KeptGroups::take), launch(options, device, lists) for
+// each of their buckets. False, with nothing launched, when they cannot: the step then
+// takes the checked way (step_buckets), which keeps the lists anew.
+template <typename Options, typename StateMap, typename Check, typename Launch>
+bool step_kept(KeptGroups& kept, const std::vector<torch::optim::OptimizerParamGroup>& groups,
+               const StateMap& state, KeptGroups::StateCount state_count,
+               KeptGroups::StateTensor state_tensor, Check check, Launch launch) {
+  for (const auto& group : groups) {
+    check(static_cast<const Options&>(group.options()));
+  }
+  if (!kept.take(groups, state, state_count, state_tensor)) {
+    return false;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& options = static_cast<const Options&>(groups[g].options());
+    kept.lists(g).launch(
+        [&](const at::Device& device, const auto& lists) { launch(options, device, lists); });
+  }
+  return true;
+}
 
 // One step over every parameter group: check(options) and the buckets of each group,
 // then prepare(options, bucket) for every bucket, which checks the state and returns its

@@ -102,18 +102,14 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::Tensor loss = detail::run_closure(closure);
   const Scaling scaling = take_scaling_();
   detail::KeptGroups& kept = kept_groups_();
-  for (const auto& group : param_groups_) {
-    check_options(static_cast<const FusedSGDOptions&>(group.options()));
-  }
-  if (kept.take(param_groups_, state_, state_count, state_tensor)) {
-    for (size_t g = 0; g < param_groups_.size(); ++g) {
-      const auto& o = static_cast<const FusedSGDOptions&>(param_groups_[g].options());
-      detail::SgdHyper hyper = hyper_of(o);
-      kept.lists(g).launch([&](const at::Device& device, const auto& lists) {
-        hyper.live = detail::live_values(o.live(), device, o.lr(), o.weight_decay(), o.momentum());
-        detail::launch_sgd(device, lists, hyper, scaling.scale, scaling.found_inf);
-      });
-    }
+  if (detail::step_kept<FusedSGDOptions>(
+          kept, param_groups_, state_, state_count, state_tensor, check_options,
+          [&](const FusedSGDOptions& o, const at::Device& device, const auto& lists) {
+            detail::SgdHyper hyper = hyper_of(o);
+            hyper.live =
+                detail::live_values(o.live(), device, o.lr(), o.weight_decay(), o.momentum());
+            detail::launch_sgd(device, lists, hyper, scaling.scale, scaling.found_inf);
+          })) {
     return loss;
   }
   detail::KeptGroups::Record record(param_groups_);

@@ -18,13 +18,6 @@ KeptLists::KeptLists(KeptLists&& other) noexcept : buckets_(std::move(other.buck
   TORCH_INTERNAL_ASSERT(!taken(), "kept lists moved while taken");
 }
 
-KeptLists& KeptLists::operator=(KeptLists&& other) noexcept {
-  release();
-  buckets_ = std::move(other.buckets_);
-  TORCH_INTERNAL_ASSERT(!taken(), "kept lists moved while taken");
-  return *this;
-}
-
 bool KeptLists::taken() const {
   for (const KeptBucket& k : buckets_) {
     if (!k.lists[0].empty() || !k.lists[1].empty()) {
@@ -45,11 +38,6 @@ void KeptLists::keep(const at::Device& device, at::ScalarType dtype, std::vector
     bucket.lists.push_back(std::move(s));
   }
   buckets_.push_back(std::move(bucket));
-}
-
-void KeptLists::clear() {
-  release();
-  buckets_.clear();
 }
 
 int64_t KeptLists::take(size_t b, const at::Tensor& p) {
@@ -88,15 +76,6 @@ int64_t KeptLists::take(size_t b, const at::Tensor& p) {
   k.lists[0].push_back(Borrow::createBorrow(p));
   k.lists[1].push_back(Borrow::createBorrow(g));
   return static_cast<int64_t>(at);
-}
-
-bool KeptLists::complete() const {
-  for (const KeptBucket& k : buckets_) {
-    if (k.lists[0].size() != k.index.size()) {
-      return false;
-    }
-  }
-  return true;
 }
 
 void KeptLists::release() {

@@ -46,15 +46,12 @@ class KeptLists {
   KeptLists& operator=(const KeptLists&) = delete;
   // Moved only while nothing is taken (a borrowed tensor must be given back by its owner).
   KeptLists(KeptLists&& other) noexcept;
-  KeptLists& operator=(KeptLists&& other) noexcept;
 
   // Keeps one bucket: its device, dtype, its parameters' indices in the param group, and
   // its state lists aligned with them (step counters last), every tensor checked and
   // launchable with its parameter (NOTE: [Launch layout] in fused_launch.h).
   void keep(const at::Device& device, at::ScalarType dtype, std::vector<size_t> index,
             std::vector<std::vector<at::Tensor>> states);
-  void clear();
-  bool empty() const { return buckets_.empty(); }
   const std::vector<KeptBucket>& buckets() const { return buckets_; }
 
   // Borrows `p` and its gradient into bucket `b`'s lists when they and the bucket's state
@@ -70,8 +67,6 @@ class KeptLists {
   const at::Tensor& state(size_t b, size_t s, size_t at) const {
     return buckets_[b].lists[2 + s][at];
   }
-  // Whether every bucket holds all of its parameters (a whole group was taken).
-  bool complete() const;
 
   // launch_bucket(device, lists) for each bucket, then release(), also on an error.
   template <typename Launch>
