@@ -123,7 +123,7 @@ TEST(OverflowReport, SparseAndBFloat16GradientsAreCounted) {
 TEST(OverflowReport, AHookRaisedFlagGivesAnEmptyListThatSaysSo) {
   GradScaler scaler;
   scale_loss(scaler);
-  scaler.set_found_inf_hook([](torch::Tensor& f) { f.fill_(1.0); });
+  scaler.set_found_inf_hook(hook_of([](torch::Tensor& f) { f.fill_(1.0); }));
   OneParam p;
   p.clean_grad();
   EXPECT_FALSE(scaler.step(p.optimizer).has_value());

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// GradScaler::set_found_inf_hook: the extension point a distributed binding uses to make
-// every rank take the same step decision, and its norm hook, through which clip_grad_norm_
-// lets ranks that each hold a shard of the gradients clip by the norm of all of them.
+// GradScaler::set_found_inf_hook (amp::FoundInfHook): the extension point a distributed
+// binding uses to make every rank take the same step decision, and, for a hook that
+// combines norms, lets ranks that each hold a shard of the gradients clip by the norm of
+// all of them.
 
 #include "support/scaler_fixtures.h"
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,7 +20,7 @@ using namespace lucid_test;
 TEST(FoundInfHook, SeesEachOptimizersFlagOnceBeforeTheDecision) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
   std::vector<float> seen;
-  scaler.set_found_inf_hook([&](torch::Tensor& f) { seen.push_back(f.item<float>()); });
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor& f) { seen.push_back(f.item<float>()); }));
   OneParam clean, bad;
   scaler.scale(torch::ones({}));
   clean.param.mutable_grad() = torch::full({4}, 8.0);
@@ -31,7 +33,7 @@ TEST(FoundInfHook, SeesEachOptimizersFlagOnceBeforeTheDecision) {
 
 TEST(FoundInfHook, RaisingTheFlagSkipsTheStepAndBacksOff) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
-  scaler.set_found_inf_hook([](torch::Tensor& f) { f.fill_(1.0); });  // "another rank overflowed"
+  scaler.set_found_inf_hook(hook_of([](torch::Tensor& f) { f.fill_(1.0); }));  // "another rank overflowed"
   OneParam p;
   scaler.scale(torch::ones({}));
   p.param.mutable_grad() = torch::full({4}, 8.0);
@@ -46,7 +48,7 @@ TEST(FoundInfHook, RaisingTheFlagSkipsTheStepAndBacksOff) {
 TEST(FoundInfHook, RunsForAnOptimizerWithoutGradientsOnceTheScaleExists) {
   GradScaler scaler;
   int calls = 0;
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++calls; });
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor&) { ++calls; }));
   OneParam p;  // no gradient at all
   scaler.scale(torch::ones({}));
   EXPECT_TRUE(scaler.step(p.optimizer).has_value());
@@ -56,7 +58,7 @@ TEST(FoundInfHook, RunsForAnOptimizerWithoutGradientsOnceTheScaleExists) {
 TEST(FoundInfHook, RemovedWithNullptr) {
   GradScaler scaler;
   int calls = 0;
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++calls; });
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor&) { ++calls; }));
   scaler.set_found_inf_hook(nullptr);
   OneParam p;
   scaler.scale(torch::ones({}));
@@ -83,17 +85,18 @@ float partial_of(const std::vector<torch::Tensor>& grads, double norm_type) {
   return static_cast<float>(sum);
 }
 
-TEST(FoundInfNormHook, ClipCallsItInsteadOfTheFlagHookWithTheExactPartial) {
+TEST(FoundInfHookNorm, ClipCallsItInsteadOfTheFlagHookWithTheExactPartial) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
   int flag_calls = 0;
   std::vector<std::pair<float, double>> seen;  // (partial, norm_type)
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; },
-                            [&](torch::Tensor& f, torch::Tensor& partial, double norm_type) {
-                              EXPECT_EQ(f.item<float>(), 0.0f);
-                              EXPECT_EQ(partial.dim(), 0);
-                              EXPECT_EQ(partial.scalar_type(), torch::kFloat);
-                              seen.emplace_back(partial.item<float>(), norm_type);
-                            });
+  scaler.set_found_inf_hook(
+      hook_of([&](torch::Tensor&) { ++flag_calls; },
+              [&](torch::Tensor& f, torch::Tensor& partial, double norm_type) {
+                EXPECT_EQ(f.item<float>(), 0.0f);
+                EXPECT_EQ(partial.dim(), 0);
+                EXPECT_EQ(partial.scalar_type(), torch::kFloat);
+                seen.emplace_back(partial.item<float>(), norm_type);
+              }));
   OneParam clipped(torch::zeros({2})), plain;
   scaler.scale(torch::ones({}));
   clipped.set_grad(torch::tensor({24.0f, 32.0f}));  // unscaled: {3, 4}
@@ -110,10 +113,10 @@ TEST(FoundInfNormHook, ClipCallsItInsteadOfTheFlagHookWithTheExactPartial) {
   EXPECT_EQ(seen.size(), 1u);
 }
 
-TEST(FoundInfNormHook, WithoutOneClipCallsTheFlagHookAndKeepsItsOwnNorm) {
+TEST(FoundInfHookNorm, WithoutOneClipCallsTheFlagHookAndKeepsItsOwnNorm) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
   int flag_calls = 0;
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; });
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor&) { ++flag_calls; }));
   OneParam p(torch::zeros({2}));
   scaler.scale(torch::ones({}));
   p.set_grad(torch::tensor({24.0f, 32.0f}));
@@ -121,11 +124,11 @@ TEST(FoundInfNormHook, WithoutOneClipCallsTheFlagHookAndKeepsItsOwnNorm) {
   EXPECT_EQ(flag_calls, 1);
 }
 
-class FoundInfNormHookNorms : public ::testing::TestWithParam<double> {};
+class FoundInfHookNormTypes : public ::testing::TestWithParam<double> {};
 
 // One "rank" holds a's gradient, the hook brings in b's partial: the clip equals one
 // scaler clipping a and b together.
-TEST_P(FoundInfNormHookNorms, ACombinedPartialClipsLikeTheNormOfAllGradients) {
+TEST_P(FoundInfHookNormTypes, ACombinedPartialClipsLikeTheNormOfAllGradients) {
   const double norm_type = GetParam();
   torch::manual_seed(3);
   const torch::Tensor grad_a = torch::randn({5}) * 64.0, grad_b = torch::randn({7}) * 64.0;
@@ -142,12 +145,12 @@ TEST_P(FoundInfNormHookNorms, ACombinedPartialClipsLikeTheNormOfAllGradients) {
 
   GradScaler shard(GradScalerOptions().init_scale(scale));
   const float other = partial_of({grad_b / scale}, norm_type);
-  shard.set_found_inf_hook([](torch::Tensor&) {},
-                           [&](torch::Tensor&, torch::Tensor& partial, double p) {
-                             partial.copy_(std::isinf(p)
-                                               ? torch::maximum(partial, torch::tensor(other))
-                                               : partial + other);
-                           });
+  shard.set_found_inf_hook(hook_of([](torch::Tensor&) {},
+                                   [&](torch::Tensor&, torch::Tensor& partial, double p) {
+                                     partial.copy_(std::isinf(p)
+                                                       ? torch::maximum(partial, torch::tensor(other))
+                                                       : partial + other);
+                                   }));
   OneParam a2(torch::zeros({5}), 1.0);
   shard.scale(torch::ones({}));
   a2.set_grad(grad_a);
@@ -158,7 +161,7 @@ TEST_P(FoundInfNormHookNorms, ACombinedPartialClipsLikeTheNormOfAllGradients) {
       << "clipped";
 }
 
-INSTANTIATE_TEST_SUITE_P(NormTypes, FoundInfNormHookNorms,
+INSTANTIATE_TEST_SUITE_P(NormTypes, FoundInfHookNormTypes,
                          ::testing::Values(1.0, 2.0, 3.0, lucid_test::kInf), [](const auto& info) {
                            return std::isinf(info.param)
                                       ? std::string("inf")
@@ -166,11 +169,12 @@ INSTANTIATE_TEST_SUITE_P(NormTypes, FoundInfNormHookNorms,
                          });
 
 // Another "rank" overflowed: its partial is inf or NaN, the flag here clean.
-TEST(FoundInfNormHook, ANonFiniteCombinedPartialSkipsAndIsReturned) {
+TEST(FoundInfHookNorm, ANonFiniteCombinedPartialSkipsAndIsReturned) {
   for (const float other : {kFInf, kFNaN}) {
     GradScaler scaler(GradScalerOptions().init_scale(8.0));
-    scaler.set_found_inf_hook([](torch::Tensor&) {}, [&](torch::Tensor&, torch::Tensor& partial,
-                                                         double) { partial.fill_(other); });
+    scaler.set_found_inf_hook(hook_of(
+        [](torch::Tensor&) {},
+        [&](torch::Tensor&, torch::Tensor& partial, double) { partial.fill_(other); }));
     OneParam p;
     scaler.scale(torch::ones({}));
     p.clean_grad();
@@ -185,25 +189,41 @@ TEST(FoundInfNormHook, ANonFiniteCombinedPartialSkipsAndIsReturned) {
   }
 }
 
-TEST(FoundInfNormHook, ANormHookWithoutAFlagHookIsRefusedAndChangesNothing) {
-  GradScaler scaler(GradScalerOptions().init_scale(8.0));
-  int flag_calls = 0;
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++flag_calls; });
-  EXPECT_TRUE(ThrowsValueError("a norm hook needs a found-inf hook", [&] {
-    scaler.set_found_inf_hook(nullptr, [](torch::Tensor&, torch::Tensor&, double) {});
-  }));
-  OneParam p;
-  scaler.scale(torch::ones({}));
-  p.clean_grad();
-  scaler.step(p.optimizer);
-  EXPECT_EQ(flag_calls, 1);  // the hook set before is still there
+// A hook that says it combines norms but agrees only flags: clip_grad_norm_ hands it the
+// partial, the default agree_with_norm_ agrees the flag once and leaves the partial, and
+// the clip is by this process's own norm, as without such a hook.
+class FlagOnlyHook final : public lucid::amp::FoundInfHook {
+ public:
+  void agree_(torch::Tensor& found_inf) override {
+    ++calls;
+    found_inf.fill_(raise ? 1.0 : 0.0);
+  }
+  bool combines_norm() const override { return true; }
+  int calls = 0;
+  bool raise = false;
+};
+
+TEST(FoundInfHookNorm, TheDefaultNormAgreementAgreesTheFlagAndKeepsThisProcesssNorm) {
+  for (const bool raise : {false, true}) {
+    GradScaler scaler(GradScalerOptions().init_scale(8.0));
+    auto hook = std::make_shared<FlagOnlyHook>();
+    hook->raise = raise;
+    scaler.set_found_inf_hook(hook);
+    OneParam p(torch::zeros({2}));
+    scaler.scale(torch::ones({}));
+    p.set_grad(torch::tensor({24.0f, 32.0f}));
+    EXPECT_EQ(scaler.clip_grad_norm_(p.optimizer, 100.0).item<float>(), 5.0f);
+    EXPECT_EQ(hook->calls, 1);
+    EXPECT_EQ(scaler.overflowed(p.optimizer), raise);
+    EXPECT_EQ(scaler.step(p.optimizer).has_value(), !raise);
+  }
 }
 
-TEST(FoundInfNormHook, RemovedWithTheFlagHookByNullptr) {
+TEST(FoundInfHookNorm, RemovedWithTheFlagHookByNullptr) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
   int calls = 0;
-  scaler.set_found_inf_hook([&](torch::Tensor&) { ++calls; },
-                            [&](torch::Tensor&, torch::Tensor&, double) { ++calls; });
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor&) { ++calls; },
+                                    [&](torch::Tensor&, torch::Tensor&, double) { ++calls; }));
   scaler.set_found_inf_hook(nullptr);
   OneParam p(torch::zeros({2}));
   scaler.scale(torch::ones({}));

@@ -25,9 +25,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace lucid {
@@ -52,6 +54,24 @@ OptimizerView make_view(uintptr_t key, const ParamGroups& groups) {
   }
   return view;
 }
+
+// Python's set_found_inf_hook(fn, norm_fn=None) as the core's one hook: fn(found_inf)
+// agrees a flag, norm_fn(found_inf, norm_partial, norm_type) a clip's flag and norm, each
+// in place. Called with the GIL held: the scaler is only called from Python.
+class PythonFoundInfHook final : public amp::FoundInfHook {
+ public:
+  PythonFoundInfHook(py::object fn, py::object norm_fn)
+      : fn_(std::move(fn)), norm_fn_(std::move(norm_fn)) {}
+  void agree_(at::Tensor& found_inf) override { fn_(found_inf); }
+  bool combines_norm() const override { return !norm_fn_.is_none(); }
+  void agree_with_norm_(at::Tensor& found_inf, at::Tensor& norm_partial, double norm_type) override {
+    norm_fn_(found_inf, norm_partial, norm_type);
+  }
+
+ private:
+  py::object fn_;
+  py::object norm_fn_;
+};
 
 py::object tensor_or_none(const at::Tensor& t) {
   return t.defined() ? py::cast(t) : py::none();
@@ -313,11 +333,8 @@ void bind_grad_scaler(py::module& m) {
                fn(d);
              });
            }))
-      // fn(found_inf) with each optimizer's overflow flag (float32, 0-dim, on the scale's
-      // device), before anything reads it; fn may change it in place (an all-reduce).
-      // None removes it.
-      // fn(found_inf); norm_fn(found_inf, norm_partial, norm_type) or None: both change
-      // their tensors in place (amp::FoundInfHook, amp::FoundInfNormHook).
+      // fn(found_inf), norm_fn(found_inf, norm_partial, norm_type) or None (amp::FoundInfHook);
+      // fn None removes the hook.
       .def("set_found_inf_hook",
            torch::wrap_pybind_function([](GradScaler& self, py::object fn, py::object norm_fn) {
              if (fn.is_none()) {
@@ -326,14 +343,8 @@ void bind_grad_scaler(py::module& m) {
                self.set_found_inf_hook(nullptr);
                return;
              }
-             amp::FoundInfNormHook norm_hook;
-             if (!norm_fn.is_none()) {
-               norm_hook = [norm_fn](at::Tensor& found_inf, at::Tensor& partial, double norm_type) {
-                 norm_fn(found_inf, partial, norm_type);
-               };
-             }
-             self.set_found_inf_hook([fn](at::Tensor& found_inf) { fn(found_inf); },
-                                     std::move(norm_hook));
+             self.set_found_inf_hook(
+                 std::make_shared<PythonFoundInfHook>(std::move(fn), std::move(norm_fn)));
            }),
            py::arg("fn"), py::arg("norm_fn") = py::none())
       .def("set_parameter_name",

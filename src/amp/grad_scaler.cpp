@@ -101,8 +101,8 @@ OptimizerStage GradScaler::stage(const torch::optim::Optimizer& optimizer) const
 
 OptimizerStage GradScaler::stage(OptimizerKey key) const { return core_().stage(key); }
 
-void GradScaler::set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook) {
-  core_().set_found_inf_hook(std::move(hook), std::move(norm_hook));
+void GradScaler::set_found_inf_hook(std::shared_ptr<FoundInfHook> hook) {
+  core_().set_found_inf_hook(std::move(hook));
 }
 
 // ---- Diagnostics ----------------------------------------------------------------------

@@ -84,12 +84,12 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
 // gradients checked in the same read pass), combined with the flag by the hook, then its
 // norm. A non-finite combined norm is an overflow wherever it is taken, so every party
 // to the combination skips alike.
-at::Tensor combined_norm(const FoundInfNormHook& hook, const std::vector<at::Tensor>& grads,
+at::Tensor combined_norm(FoundInfHook& hook, const std::vector<at::Tensor>& grads,
                          const at::Tensor& scale, at::Tensor& found_inf, double norm_type) {
   at::Tensor partial = check_grads_and_norm_partial_(grads, scale, found_inf, norm_type);
-  hook(found_inf, partial, norm_type);
+  hook.agree_with_norm_(found_inf, partial, norm_type);
   TORCH_CHECK(partial.defined() && partial.scalar_type() == at::kFloat && partial.numel() == 1,
-              "GradScaler::clip_grad_norm_: the found-inf norm hook must leave the norm's "
+              "GradScaler::clip_grad_norm_: the found-inf hook's agree_with_norm_ must leave the norm's "
               "partial a 1-element float32 tensor.");
   at::Tensor norm = norm_of_partial(partial.reshape({}), norm_type);
   found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
@@ -104,15 +104,6 @@ GradScalerOptions validated(const GradScalerOptions& options) {
 }  // namespace
 
 ScalerCore::ScalerCore(const GradScalerOptions& options) : schedule_(validated(options)) {}
-
-void ScalerCore::set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook) {
-  TORCH_CHECK_VALUE(hook || !norm_hook,
-                    "GradScaler::set_found_inf_hook: a norm hook needs a found-inf hook too: "
-                    "without one, the flags of unscale_() and step() would not be combined as "
-                    "clip_grad_norm_()'s are. Nothing was changed.");
-  found_inf_hook_ = std::move(hook);
-  found_inf_norm_hook_ = std::move(norm_hook);
-}
 
 at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   if (!enabled()) {
@@ -143,7 +134,7 @@ void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& re
     check_grads_finite_(grads, schedule_.scale(), found_inf);
   }
   if (found_inf_hook_) {
-    found_inf_hook_(found_inf);
+    found_inf_hook_->agree_(found_inf);
   }
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
@@ -188,14 +179,14 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // in one all-reduce across the ranks of a sharded run) before the norm is taken.
   at::Tensor divisor;
   at::Tensor norm;
-  if (found_inf_norm_hook_) {
-    norm = combined_norm(found_inf_norm_hook_, grads, scale, found_inf, norm_type);
+  if (found_inf_hook_ && found_inf_hook_->combines_norm()) {
+    norm = combined_norm(*found_inf_hook_, grads, scale, found_inf, norm_type);
     divisor = scale / clip_coefficient(norm, max_norm);
   } else {
     norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
-  }
-  if (found_inf_hook_ && !found_inf_norm_hook_) {
-    found_inf_hook_(found_inf);
+    if (found_inf_hook_) {
+      found_inf_hook_->agree_(found_inf);
+    }
   }
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);

@@ -47,8 +47,7 @@ class ScalerCore {
   const GradScalerOptions& options() const { return schedule_.options(); }
   const at::Tensor& scale_tensor() const { return schedule_.scale(); }
   OptimizerStage stage(OptimizerKey key) const;
-  // Replaces both hooks; a norm hook needs a found-inf hook (c10::ValueError).
-  void set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook = nullptr);
+  void set_found_inf_hook(std::shared_ptr<FoundInfHook> hook) { found_inf_hook_ = std::move(hook); }
 
   // Diagnostics.
   // These three read the outcome of deferred steps first (OptimizerView::defer_outcome).
@@ -94,8 +93,7 @@ class ScalerCore {
   ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)
   OptimizerRecords records_;
   ScalerDiagnostics diagnostics_;
-  FoundInfHook found_inf_hook_;
-  FoundInfNormHook found_inf_norm_hook_;  // clip_grad_norm_'s, in place of found_inf_hook_
+  std::shared_ptr<FoundInfHook> found_inf_hook_;
 };
 
 }  // namespace detail

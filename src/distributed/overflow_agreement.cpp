@@ -150,10 +150,10 @@ void OverflowAgreement::agree_(torch::Tensor& found_inf) {
 
 // The payload and its reading are the core's (NOTE: [Sharded norm agreement] in
 // src/amp/norm_agreement.h), shared with the Python binding; the all-reduce is c10d's.
-void OverflowAgreement::agree_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
-                               double norm_type) {
+void OverflowAgreement::agree_with_norm_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
+                                         double norm_type) {
   amp::detail::NormAgreementPayload payload = amp::detail::norm_agreement_payload(
-      found_inf, norm_partial, norm_type, "OverflowAgreement::agree_");
+      found_inf, norm_partial, norm_type, "OverflowAgreement::agree_with_norm_");
   std::vector<at::Tensor> tensors{payload.values};
   all_reduce(*this, ++all_reduces_, tensors,
              allreduce_options(payload.reduce_max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM),
@@ -165,14 +165,7 @@ std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> group,
                                                  OverflowAgreementOptions options) {
   auto agreement = std::make_shared<OverflowAgreement>(std::move(group), options);
-  amp::FoundInfHook hook = [agreement](torch::Tensor& found_inf) { agreement->agree_(found_inf); };
-  amp::FoundInfNormHook norm_hook;
-  if (options.sharded()) {
-    norm_hook = [agreement](torch::Tensor& found_inf, torch::Tensor& partial, double norm_type) {
-      agreement->agree_(found_inf, partial, norm_type);
-    };
-  }
-  scaler.set_found_inf_hook(std::move(hook), std::move(norm_hook));
+  scaler.set_found_inf_hook(agreement);
   return agreement;
 }
 

@@ -607,13 +607,13 @@ TEST_F(SingleRank, RejectsAFlagThatIsNotOneFloat32Element) {
 TEST_F(SingleRank, AgreeWithANormPartialCombinesBothInOneAllReduce) {
   lucid::distributed::OverflowAgreement agreement(group_);
   torch::Tensor flag = torch::ones({}), partial = torch::full({}, 25.0f);
-  agreement.agree_(flag, partial, 2.0);
+  agreement.agree_with_norm_(flag, partial, 2.0);
   EXPECT_EQ(flag.item<float>(), 1.0f);
   EXPECT_EQ(partial.item<float>(), 25.0f);
   EXPECT_EQ(partial.dim(), 0);
   torch::Tensor clean = torch::zeros({}),
                 nan = torch::full({}, std::numeric_limits<float>::quiet_NaN());
-  agreement.agree_(clean, nan, std::numeric_limits<double>::infinity());
+  agreement.agree_with_norm_(clean, nan, std::numeric_limits<double>::infinity());
   EXPECT_EQ(clean.item<float>(), 0.0f);  // the scaler, not the agreement, makes NaN an overflow
   EXPECT_TRUE(std::isnan(nan.item<float>()));
   EXPECT_EQ(agreement.all_reduces(), 2);
@@ -623,10 +623,10 @@ TEST_F(SingleRank, RejectsABadNormPartialOrNormType) {
   lucid::distributed::OverflowAgreement agreement(group_);
   torch::Tensor flag = torch::zeros({}), partial = torch::zeros({});
   EXPECT_TRUE(lucid_test::ThrowsValueError("norm_type must be > 0",
-                                           [&] { agreement.agree_(flag, partial, 0.0); }));
+                                           [&] { agreement.agree_with_norm_(flag, partial, 0.0); }));
   torch::Tensor two = torch::zeros({2});
   EXPECT_NE(lucid_test::message_of([&] {
-              agreement.agree_(flag, two, 2.0);
+              agreement.agree_with_norm_(flag, two, 2.0);
             }).find("expects a 1-element float32 norm partial"),
             std::string::npos);
   EXPECT_EQ(agreement.all_reduces(), 0);

@@ -14,10 +14,13 @@
 
 #include "expect_throws.h"
 
+#include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lucid_test {
@@ -129,6 +132,29 @@ struct OneParam {
 
 // The iteration's scale() call, on a loss of one on `device`: the first one makes the
 // scale there, and unscale_, clip_grad_norm_, step and update refuse to run before it.
+// A found-inf hook made of the test's functions; it combines norms where it has `norm`.
+class FunctionHook final : public lucid::amp::FoundInfHook {
+ public:
+  using Flag = std::function<void(torch::Tensor&)>;
+  using Norm = std::function<void(torch::Tensor&, torch::Tensor&, double)>;
+  explicit FunctionHook(Flag flag, Norm norm = nullptr)
+      : flag_(std::move(flag)), norm_(std::move(norm)) {}
+  void agree_(torch::Tensor& found_inf) override { flag_(found_inf); }
+  bool combines_norm() const override { return static_cast<bool>(norm_); }
+  void agree_with_norm_(torch::Tensor& found_inf, torch::Tensor& partial, double p) override {
+    norm_(found_inf, partial, p);
+  }
+
+ private:
+  Flag flag_;
+  Norm norm_;
+};
+
+inline std::shared_ptr<FunctionHook> hook_of(FunctionHook::Flag flag,
+                                             FunctionHook::Norm norm = nullptr) {
+  return std::make_shared<FunctionHook>(std::move(flag), std::move(norm));
+}
+
 inline void scale_loss(GradScaler& scaler, torch::Device device = torch::kCPU) {
   scaler.scale(torch::ones({}, torch::TensorOptions().device(device)));
 }

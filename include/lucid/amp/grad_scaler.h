@@ -100,17 +100,11 @@ class GradScaler {
   /// The stage of `optimizer` in the current iteration (kReady if never seen).
   OptimizerStage stage(const torch::optim::Optimizer& optimizer) const;
 
-  /// The hook called with each overflow flag (see amp::FoundInfHook); nullptr removes it.
-  using FoundInfHook = amp::FoundInfHook;
-  /// The hook clip_grad_norm_ calls with the flag and the norm's partial (see
-  /// amp::FoundInfNormHook).
-  using FoundInfNormHook = amp::FoundInfNormHook;
-  /// Sets the hook called with each optimizer's overflow flag before anything reads it,
-  /// and, optionally, the one clip_grad_norm_ calls instead with the flag and the norm's
-  /// partial (without it, clip_grad_norm_ calls `hook` and clips by this process's norm).
-  /// Each call replaces both: set_found_inf_hook(nullptr) removes them. A `norm_hook`
-  /// without a `hook` throws c10::ValueError (unscale_ and step would go unagreed).
-  void set_found_inf_hook(FoundInfHook hook, FoundInfNormHook norm_hook = nullptr);
+  /// Installs `hook` (amp::FoundInfHook), called with each optimizer's overflow flag
+  /// before anything reads it and, where it combines norms, with clip_grad_norm_'s norm
+  /// partial; it replaces any hook installed before, and nullptr removes it. The scaler
+  /// shares the hook's ownership.
+  void set_found_inf_hook(std::shared_ptr<FoundInfHook> hook);
 
   // ---- Any optimizer, through a view (include/lucid/amp/optimizer_view.h) -------------
   /// unscale_ for the optimizer `view` describes (same rules as for a C++ optimizer).

@@ -102,24 +102,44 @@ enum class OptimizerStage {
   kStepped
 };
 
-/// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
-/// means clean) each time unscale_ or step computes it, before anything reads it. The
-/// hook may change the flag in place: a distributed binding all-reduces it (MAX) so that
-/// every rank skips and backs off together.
-using FoundInfHook = std::function<void(at::Tensor& found_inf)>;
+/// The scaler's one extension point for combining each optimizer's overflow flag, and a
+/// clip's gradient norm, with other parties before anything reads them: a distributed
+/// binding (lucid::distributed::OverflowAgreement) all-reduces them so that every rank
+/// skips, backs off and clips alike. Installed with GradScaler::set_found_inf_hook; the
+/// scaler calls it on the thread that called the scaler, in call order.
+class FoundInfHook {
+ public:
+  /// Frees the hook.
+  virtual ~FoundInfHook() = default;
 
-/// Called by clip_grad_norm_, in place of the FoundInfHook, with the optimizer's overflow
-/// flag (as for FoundInfHook) and the partial of its gradients' total norm, before the
-/// norm and the clip coefficient are computed from it. `norm_partial` is float32, 0-dim,
-/// beside the flag: the sum of |g|^p over the unscaled gradients for a finite `norm_type`
-/// p (the sum of squares for 2), their largest |g| for inf; the norm is then
-/// partial^(1/p), or the partial itself for inf. Partials of disjoint sets of gradients
-/// combine by a sum (finite p) or a maximum (inf), so a binding whose ranks each hold a
-/// shard of the parameters combines flag and partial across ranks, in place, and every
-/// rank clips by the norm over all ranks' gradients. A flag left non-zero, or a partial
-/// left non-finite, skips the step (the returned norm is then inf or NaN).
-using FoundInfNormHook =
-    std::function<void(at::Tensor& found_inf, at::Tensor& norm_partial, double norm_type)>;
+  /// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
+  /// means clean) each time unscale_, step or (unless combines_norm()) clip_grad_norm_
+  /// computes it, before anything reads it. May change the flag in place: a binding
+  /// all-reduces it (MAX).
+  virtual void agree_(at::Tensor& found_inf) = 0;
+
+  /// Whether clip_grad_norm_ calls agree_with_norm_ instead of agree_: true for a binding
+  /// whose parties each hold a shard of the parameters, so that each clips by the norm
+  /// over all of them. False (the default) keeps clip_grad_norm_'s faster path, which
+  /// checks and clips in one pass by this process's own norm.
+  virtual bool combines_norm() const { return false; }
+
+  /// Called by clip_grad_norm_, when combines_norm(), with the optimizer's overflow flag
+  /// (as for agree_) and the partial of its gradients' total norm, before the norm and
+  /// the clip coefficient are computed from it. `norm_partial` is float32, 0-dim, beside
+  /// the flag: the sum of |g|^p over the unscaled gradients for a finite `norm_type` p
+  /// (the sum of squares for 2), their largest |g| for inf; the norm is then
+  /// partial^(1/p), or the partial itself for inf. Partials of disjoint sets of gradients
+  /// combine by a sum (finite p) or a maximum (inf), in place. A flag left non-zero, or a
+  /// partial left non-finite, skips the step (the returned norm is then inf or NaN). The
+  /// default agrees the flag alone and leaves the partial as it is.
+  virtual void agree_with_norm_(at::Tensor& found_inf, at::Tensor& norm_partial,
+                                double norm_type) {
+    (void)norm_partial;
+    (void)norm_type;
+    agree_(found_inf);
+  }
+};
 
 }  // namespace amp
 }  // namespace lucid

@@ -45,8 +45,9 @@ struct OverflowAgreementOptions {
 
 /// Combines overflow flags across a c10d process group with one all-reduce (MAX) each,
 /// on the flag's own device, and in sharded mode a gradient norm's partial with the flag
-/// in the same all-reduce. Bind it to a GradScaler with bind_to_group().
-class OverflowAgreement {
+/// in the same all-reduce. It is a GradScaler's found-inf hook: bind it with
+/// bind_to_group().
+class OverflowAgreement final : public amp::FoundInfHook {
  public:
   /// Agrees over `group` (any c10d backend serving the flags' device: Gloo for CPU,
   /// NCCL for CUDA). Throws c10::ValueError for a null group or a timeout <= 0.
@@ -56,22 +57,26 @@ class OverflowAgreement {
   /// Replaces `found_inf` (0-dim or 1-element float32, 0 = clean) in place by its maximum
   /// over the group. Every rank must call it the same number of times, in the same order.
   /// Throws c10::Error naming this rank when the all-reduce fails or times out.
-  void agree_(torch::Tensor& found_inf);
+  void agree_(torch::Tensor& found_inf) override;
+
+  /// options().sharded(): a sharded run's clip_grad_norm_ agrees the norm's partial too.
+  bool combines_norm() const override { return options_.sharded(); }
 
   /// Replaces `found_inf` by 1 where any rank's flag is non-zero (else 0) and
   /// `norm_partial` (a 1-element float32 tensor beside the flag; see
-  /// amp::FoundInfNormHook) by its sum over the group for a finite `norm_type`, or its
+  /// amp::FoundInfHook::agree_with_norm_) by its sum over the group for a finite `norm_type`, or its
   /// maximum for inf, a NaN partial on any rank making it NaN on every rank; both in
   /// place, with one all-reduce. Same calling rules and errors as agree_(found_inf), the
   /// partial checked as the flag is (and on the flag's device); c10::ValueError for
   /// `norm_type` not > 0.
-  void agree_(torch::Tensor& found_inf, torch::Tensor& norm_partial, double norm_type);
+  void agree_with_norm_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
+                        double norm_type) override;
 
   /// This process's rank in the group.
   int rank() const;
   /// The number of ranks in the group.
   int world_size() const;
-  /// All-reduces issued so far (one per agree_ call, of either form).
+  /// All-reduces issued so far (one per agree_ or agree_with_norm_ call).
   int64_t all_reduces() const { return all_reduces_; }
   /// The group the flags are combined over.
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
@@ -88,10 +93,9 @@ class OverflowAgreement {
 /// the group right after unscaling, before the scaler reads it, so that a step skipped on
 /// one rank is skipped on all and every rank's scale backs off and grows alike. With
 /// `options.sharded()`, clip_grad_norm_ also clips by the norm over every rank's
-/// gradients, agreed in the same all-reduce (a found-inf norm hook beside the found-inf
-/// hook). Replaces any found-inf hooks the scaler had; scaler.set_found_inf_hook(nullptr)
-/// unbinds. The returned agreement is shared with the scaler's hooks (for its counters
-/// and options).
+/// gradients, agreed in the same all-reduce. Replaces any found-inf hook the scaler had;
+/// scaler.set_found_inf_hook(nullptr) unbinds. The returned agreement is the scaler's
+/// hook, shared (for its counters and options).
 std::shared_ptr<OverflowAgreement> bind_to_group(amp::GradScaler& scaler,
                                                  c10::intrusive_ptr<c10d::ProcessGroup> group,
                                                  OverflowAgreementOptions options = {});
