@@ -33,7 +33,8 @@ TEST(FoundInfHook, SeesEachOptimizersFlagOnceBeforeTheDecision) {
 
 TEST(FoundInfHook, RaisingTheFlagSkipsTheStepAndBacksOff) {
   GradScaler scaler(GradScalerOptions().init_scale(8.0));
-  scaler.set_found_inf_hook(hook_of([](torch::Tensor& f) { f.fill_(1.0); }));  // "another rank overflowed"
+  scaler.set_found_inf_hook(
+      hook_of([](torch::Tensor& f) { f.fill_(1.0); }));  // "another rank overflowed"
   OneParam p;
   scaler.scale(torch::ones({}));
   p.param.mutable_grad() = torch::full({4}, 8.0);
@@ -145,12 +146,12 @@ TEST_P(FoundInfHookNormTypes, ACombinedPartialClipsLikeTheNormOfAllGradients) {
 
   GradScaler shard(GradScalerOptions().init_scale(scale));
   const float other = partial_of({grad_b / scale}, norm_type);
-  shard.set_found_inf_hook(hook_of([](torch::Tensor&) {},
-                                   [&](torch::Tensor&, torch::Tensor& partial, double p) {
-                                     partial.copy_(std::isinf(p)
-                                                       ? torch::maximum(partial, torch::tensor(other))
-                                                       : partial + other);
-                                   }));
+  shard.set_found_inf_hook(
+      hook_of([](torch::Tensor&) {},
+              [&](torch::Tensor&, torch::Tensor& partial, double p) {
+                partial.copy_(std::isinf(p) ? torch::maximum(partial, torch::tensor(other))
+                                            : partial + other);
+              }));
   OneParam a2(torch::zeros({5}), 1.0);
   shard.scale(torch::ones({}));
   a2.set_grad(grad_a);
@@ -172,9 +173,9 @@ INSTANTIATE_TEST_SUITE_P(NormTypes, FoundInfHookNormTypes,
 TEST(FoundInfHookNorm, ANonFiniteCombinedPartialSkipsAndIsReturned) {
   for (const float other : {kFInf, kFNaN}) {
     GradScaler scaler(GradScalerOptions().init_scale(8.0));
-    scaler.set_found_inf_hook(hook_of(
-        [](torch::Tensor&) {},
-        [&](torch::Tensor&, torch::Tensor& partial, double) { partial.fill_(other); }));
+    scaler.set_found_inf_hook(
+        hook_of([](torch::Tensor&) {},
+                [&](torch::Tensor&, torch::Tensor& partial, double) { partial.fill_(other); }));
     OneParam p;
     scaler.scale(torch::ones({}));
     p.clean_grad();

@@ -35,7 +35,7 @@ void ScaleSchedule::place(const at::Device& device) {
   growth_tracker_ =
       at::full({}, host_growth_tracker_, at::TensorOptions().dtype(at::kInt).device(device));
   if (guarded()) {
-    ensure_overflow_tracker_();
+    ensure_overflow_tracker();
   }
 }
 
@@ -52,15 +52,15 @@ bool ScaleSchedule::guarded() const {
   return options_.hysteresis() > 1 || std::isfinite(options_.max_scale());
 }
 
-void ScaleSchedule::ensure_overflow_tracker_() {
+void ScaleSchedule::ensure_overflow_tracker() {
   if (scale_.defined() && !overflow_tracker_.defined()) {
     overflow_tracker_ = at::full({}, host_overflow_tracker_, growth_tracker_.options());
   }
 }
 
-void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
-                                       at::Tensor& overflow_tracker,
-                                       const at::Tensor& found_inf) const {
+void ScaleSchedule::run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
+                                      at::Tensor& overflow_tracker,
+                                      const at::Tensor& found_inf) const {
   // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
   at::Tensor unused;
   update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
@@ -69,21 +69,21 @@ void ScaleSchedule::run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tra
 
 void ScaleSchedule::advance(const at::Tensor& found_inf) {
   if (guarded()) {
-    ensure_overflow_tracker_();  // a load may have turned hysteresis or max_scale on
+    ensure_overflow_tracker();  // a load may have turned hysteresis or max_scale on
   }
-  run_update_kernel_(scale_, growth_tracker_, overflow_tracker_, found_inf);
+  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf);
 }
 
 ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
   if (guarded()) {
-    ensure_overflow_tracker_();
+    ensure_overflow_tracker();
   }
   Proposal p;
   p.old_scale = scale_.item<float>();
   p.scale = scale_.clone();
   p.growth_tracker = growth_tracker_.clone();
   p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
-  run_update_kernel_(p.scale, p.growth_tracker, p.overflow_tracker, found_inf);
+  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf);
   p.new_scale = p.scale.item<float>();
   return p;
 }
@@ -126,7 +126,7 @@ void ScaleSchedule::apply(const ScalerSnapshot& s) {
     } else {
       host_overflow_tracker_ = s.overflow_tracker;
       if (guarded()) {
-        ensure_overflow_tracker_();
+        ensure_overflow_tracker();
       }
     }
   } else {

@@ -92,9 +92,9 @@ class ScaleSchedule {
   void apply(const ScalerSnapshot& snapshot);
 
  private:
-  void ensure_overflow_tracker_();
-  void run_update_kernel_(at::Tensor& scale, at::Tensor& growth_tracker,
-                          at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
+  void ensure_overflow_tracker();
+  void run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
+                         at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
 
   GradScalerOptions options_;
   // Host copies, used until the device tensors exist.

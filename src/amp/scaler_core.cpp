@@ -88,9 +88,10 @@ at::Tensor combined_norm(FoundInfHook& hook, const std::vector<at::Tensor>& grad
                          const at::Tensor& scale, at::Tensor& found_inf, double norm_type) {
   at::Tensor partial = check_grads_and_norm_partial_(grads, scale, found_inf, norm_type);
   hook.agree_with_norm_(found_inf, partial, norm_type);
-  TORCH_CHECK(partial.defined() && partial.scalar_type() == at::kFloat && partial.numel() == 1,
-              "GradScaler::clip_grad_norm_: the found-inf hook's agree_with_norm_ must leave the norm's "
-              "partial a 1-element float32 tensor.");
+  TORCH_CHECK(
+      partial.defined() && partial.scalar_type() == at::kFloat && partial.numel() == 1,
+      "GradScaler::clip_grad_norm_: the found-inf hook's agree_with_norm_ must leave the norm's "
+      "partial a 1-element float32 tensor.");
   at::Tensor norm = norm_of_partial(partial.reshape({}), norm_type);
   found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
   return norm;
@@ -120,8 +121,8 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   return outputs.to(dtype) * s;
 }
 
-void ScalerCore::record_overflow_(const OptimizerView& view, OptimizerRecord& record,
-                                  GradientPass pass) {
+void ScalerCore::record_overflow(const OptimizerView& view, OptimizerRecord& record,
+                                 GradientPass pass) {
   const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
   record.had_gradients = !grads.empty();
   // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
@@ -144,12 +145,12 @@ void ScalerCore::unscale_(const OptimizerView& view) {
   if (!enabled()) {
     return;
   }
-  check_scaled_("unscale_");
+  check_scaled("unscale_");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
-  record_overflow_(view, record, GradientPass::kUnscale);
+  record_overflow(view, record, GradientPass::kUnscale);
   // Whatever the caller queues before step() (a clip of its own) need not finish first.
-  start_reading_found_inf_(record);
+  start_reading_found_inf(record);
   record.stage = OptimizerStage::kUnscaled;
 }
 
@@ -163,7 +164,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
     }
     return ::lucid::amp::clip_grad_norm_(params, max_norm, norm_type);
   }
-  check_scaled_("clip_grad_norm_");
+  check_scaled("clip_grad_norm_");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
   const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
@@ -193,7 +194,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // The flag is final here: the write pass below raises it only where it is raised
   // already (a finite norm bounds every |g / scale|, and the coefficient is at most 1),
   // so step() need not wait for that pass.
-  start_reading_found_inf_(record);
+  start_reading_found_inf(record);
   if (view.set_grad_scaling) {
     record.grad_scale = divisor;
   } else {
@@ -208,7 +209,7 @@ bool ScalerCore::step(const OptimizerView& view) {
     view.step();
     return true;
   }
-  check_scaled_("step");
+  check_scaled("step");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_step(record);
   if (options().strict_inf_checks()) {
@@ -227,17 +228,17 @@ bool ScalerCore::step(const OptimizerView& view) {
               "optimizers (lucid::optim's FusedSGD, FusedAdam, FusedAdamW) can do; use one of "
               "them, or turn graph_safe off.");
   if (scaler_aware) {
-    return step_scaler_aware_(view, record);
+    return step_scaler_aware(view, record);
   }
   if (record.stage == OptimizerStage::kReady) {
-    record_overflow_(view, record, GradientPass::kUnscale);
+    record_overflow(view, record, GradientPass::kUnscale);
     record.stage = OptimizerStage::kUnscaled;
   }
   if (!record.had_gradients) {
     diagnostics_.note_step_without_gradients();
   }
   // The one host read of a step: a 4-byte flag, on the scale's device.
-  const bool overflow = read_found_inf_(&view, record);
+  const bool overflow = read_found_inf(&view, record);
   if (!overflow) {
     view.step();
   }
@@ -246,14 +247,14 @@ bool ScalerCore::step(const OptimizerView& view) {
   return !overflow;
 }
 
-bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record) {
+bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& record) {
   // Gradients unscale_'d already are handed over as they are; otherwise the optimizer
   // divides them by the scale inside its own kernel.
   at::Tensor scale_for_optimizer = record.grad_scale;  // set by clip_grad_norm_
   if (record.stage == OptimizerStage::kReady) {
-    record_overflow_(view, record, GradientPass::kCheckOnly);
+    record_overflow(view, record, GradientPass::kCheckOnly);
     // The outcome is then read without waiting for the optimizer's kernel.
-    start_reading_found_inf_(record);
+    start_reading_found_inf(record);
     scale_for_optimizer = schedule_.scale();
   }
   if (!record.had_gradients) {
@@ -279,13 +280,13 @@ bool ScalerCore::step_scaler_aware_(const OptimizerView& view, OptimizerRecord& 
   }
   // Read after the launch: the step was already skipped on the device if needed, the
   // flag only tells the caller (from its host copy, which does not wait for the step).
-  const bool overflow = read_found_inf_(&view, record);
+  const bool overflow = read_found_inf(&view, record);
   diagnostics_.note_step(view.key, overflow);
   return !overflow;
 }
 
-bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& record,
-                                 const at::Tensor& scale_at_step) {
+bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record,
+                                const at::Tensor& scale_at_step) {
   if (!record.found_inf.defined()) {
     return false;  // not checked in this iteration (its unscale_ or step threw)
   }
@@ -306,13 +307,13 @@ bool ScalerCore::read_found_inf_(const OptimizerView* view, OptimizerRecord& rec
   return record.found_inf_value;
 }
 
-void ScalerCore::start_reading_found_inf_(OptimizerRecord& record) {
+void ScalerCore::start_reading_found_inf(OptimizerRecord& record) {
   if (record.found_inf.defined() && !options().graph_safe()) {
     record.found_inf_on_host = start_flag_read_(record.found_inf);
   }
 }
 
-void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {
+void ScalerCore::resolve_deferred_steps(const at::Tensor& scale_at_step) {
   records_.for_each([this, &scale_at_step](OptimizerRecord& record) {
     if (!record.outcome_deferred) {
       return;
@@ -320,7 +321,7 @@ void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {
     OptimizerView view;
     view.key = record.deferred_key;
     view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
-    const bool overflow = read_found_inf_(&view, record, scale_at_step);
+    const bool overflow = read_found_inf(&view, record, scale_at_step);
     diagnostics_.note_step(view.key, overflow);
     record.outcome_deferred = false;
     record.deferred_params.clear();
@@ -328,12 +329,12 @@ void ScalerCore::resolve_deferred_steps_(const at::Tensor& scale_at_step) {
 }
 
 bool ScalerCore::step_skipped(OptimizerKey key) {
-  resolve_deferred_steps_();
+  resolve_deferred_steps();
   return diagnostics_.step_skipped(key);
 }
 
 const std::optional<OverflowReport>& ScalerCore::last_overflow() {
-  resolve_deferred_steps_();
+  resolve_deferred_steps();
   return diagnostics_.last_overflow();
 }
 
@@ -341,46 +342,46 @@ void ScalerCore::update(std::optional<double> new_scale) {
   if (!enabled()) {
     return;
   }
-  check_scaled_("update");
+  check_scaled("update");
   if (new_scale.has_value()) {
-    resolve_deferred_steps_();
+    resolve_deferred_steps();
     const float value = checked_scale(*new_scale, "update(new_scale)");
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
     schedule_.set(value);
-    finish_iteration_();
+    finish_iteration();
     return;
   }
   // No growth without evidence: an iteration in which no optimizer's gradients were
   // checked says nothing about the scale (PyTorch raises here; strict_inf_checks does too).
   if (!records_.any_checked()) {
-    resolve_deferred_steps_();
+    resolve_deferred_steps();
     TORCH_CHECK(!options().strict_inf_checks(),
                 "No inf checks were recorded prior to update(): no optimizer had a gradient "
                 "since the last update(). Nothing was changed. Call step(optimizer) after "
                 "backward() on the scaled loss, or turn the option strict_inf_checks "
                 "off to count such updates instead.");
     diagnostics_.note_update_without_checks();
-    finish_iteration_();
+    finish_iteration();
     return;
   }
   // May throw (min_scale, max_overflow_streak) before anything changed.
-  const std::optional<BackoffEvent> backoff = update_on_device_();
-  finish_iteration_();
+  const std::optional<BackoffEvent> backoff = update_on_device();
+  finish_iteration();
   if (backoff.has_value() && diagnostics_.backoff_callback()) {
     diagnostics_.backoff_callback()(*backoff);
   }
 }
 
-std::optional<BackoffEvent> ScalerCore::update_on_device_() {
+std::optional<BackoffEvent> ScalerCore::update_on_device() {
   const GradScalerOptions& opts = options();
   const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
                               static_cast<bool>(diagnostics_.backoff_callback());
   if (decide_on_host) {
-    resolve_deferred_steps_();
+    resolve_deferred_steps();
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
     // inspected (the report counts it as uninspected); the flag is ours.
-    records_.for_each([this](OptimizerRecord& r) { read_found_inf_(nullptr, r); });
+    records_.for_each([this](OptimizerRecord& r) { read_found_inf(nullptr, r); });
   }
   // Overflow in any optimizer since the last update backs the scale off; nothing
   // recorded counts as an overflow-free update.
@@ -392,7 +393,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   }
   if (!decide_on_host || !diagnostics_.predicts_backoff(found, opts)) {
     if (decide_on_host && found) {
-      check_overflow_streak_();
+      check_overflow_streak();
     }
     const bool count_on_device = opts.graph_safe() && !decide_on_host;
     if (count_on_device) {
@@ -407,13 +408,13 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
     schedule_.advance(found_inf);
     if (!count_on_device) {
       // The deferred flags are read only now, with this update queued behind the steps.
-      resolve_deferred_steps_(scale_at_step);
+      resolve_deferred_steps(scale_at_step);
       records_.read_summary(&known, &found);
       diagnostics_.note_schedule_update(known, found, found_inf, opts);
     }
     return std::nullopt;
   }
-  check_overflow_streak_();
+  check_overflow_streak();
 
   // A backoff that min_scale or the callback must see: compute it into copies first.
   ScaleSchedule::Proposal proposal = schedule_.propose(found_inf);
@@ -438,7 +439,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   diagnostics_.note_schedule_update(/*known=*/true, /*found=*/true, found_inf, opts);
 
   BackoffEvent event;
-  event.iteration = counters.updates;  // finish_iteration_ has not counted it yet
+  event.iteration = counters.updates;  // finish_iteration has not counted it yet
   event.old_scale = proposal.old_scale;
   event.new_scale = proposal.new_scale;
   event.overflow_streak = counters.overflow_streak;
@@ -446,7 +447,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device_() {
   return event;
 }
 
-void ScalerCore::check_scaled_(const char* call) const {
+void ScalerCore::check_scaled(const char* call) const {
   // As torch.amp.GradScaler, whose scale does not exist before the first scale(): the
   // gradients of a loss that was not scaled must not be divided by the scale.
   TORCH_CHECK(schedule_.placed(), call,
@@ -455,7 +456,7 @@ void ScalerCore::check_scaled_(const char* call) const {
               "Call scale(loss) and backward() on its result first. Nothing was changed.");
 }
 
-void ScalerCore::check_overflow_streak_() const {
+void ScalerCore::check_overflow_streak() const {
   const int64_t limit = options().max_overflow_streak();
   const int64_t streak = diagnostics_.counters().overflow_streak + 1;  // with this update
   if (limit <= 0 || streak < limit) {
@@ -470,7 +471,7 @@ void ScalerCore::check_overflow_streak_() const {
               "loss or the model, or lower the learning rate.");
 }
 
-void ScalerCore::finish_iteration_() {
+void ScalerCore::finish_iteration() {
   records_.clear();
   diagnostics_.finish_iteration();
 }
@@ -483,7 +484,7 @@ OptimizerStage ScalerCore::stage(OptimizerKey key) const {
 }
 
 ScalerCounters ScalerCore::counters() {
-  resolve_deferred_steps_();
+  resolve_deferred_steps();
   return diagnostics_.all_counters(options());
 }
 
@@ -506,7 +507,7 @@ bool ScalerCore::overflowed(const OptimizerView& view) {
   if (record == nullptr || record->stage == OptimizerStage::kReady) {
     return false;
   }
-  return read_found_inf_(&view, *record);
+  return read_found_inf(&view, *record);
 }
 
 void ScalerCore::apply(const ScalerSnapshot& snapshot, const ScalerCounters* counters) {

@@ -69,26 +69,26 @@ class ScalerCore {
   // Unscales the gradients in place, or (for a scaler-aware optimizer, which unscales
   // inside its own step) only checks them.
   enum class GradientPass { kUnscale, kCheckOnly };
-  void record_overflow_(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
-  bool step_scaler_aware_(const OptimizerView& view, OptimizerRecord& record);
+  void record_overflow(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
+  bool step_scaler_aware(const OptimizerView& view, OptimizerRecord& record);
   // Starts the host copy of the record's final flag (PendingFlagRead), where the host
   // will read it: not in graph_safe mode, which never does.
-  void start_reading_found_inf_(OptimizerRecord& record);
+  void start_reading_found_inf(OptimizerRecord& record);
   // Reads the record's flag once; `view` is null where the optimizer may be gone.
   // `scale_at_step`: the scale the gradients were divided by, where the schedule has moved
   // on since (undefined: the current one).
-  bool read_found_inf_(const OptimizerView* view, OptimizerRecord& record,
-                       const at::Tensor& scale_at_step = {});
+  bool read_found_inf(const OptimizerView* view, OptimizerRecord& record,
+                      const at::Tensor& scale_at_step = {});
   // Reads the flags of the steps whose outcome was deferred and counts them (one host
   // read per optimizer, the first of which waits for the device); `scale_at_step` as
   // above.
-  void resolve_deferred_steps_(const at::Tensor& scale_at_step = {});
+  void resolve_deferred_steps(const at::Tensor& scale_at_step = {});
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
-  void check_scaled_(const char* call) const;
-  std::optional<BackoffEvent> update_on_device_();
+  void check_scaled(const char* call) const;
+  std::optional<BackoffEvent> update_on_device();
   // Throws when this overflowing update reaches max_overflow_streak.
-  void check_overflow_streak_() const;
-  void finish_iteration_();
+  void check_overflow_streak() const;
+  void finish_iteration();
 
   ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)
   OptimizerRecords records_;

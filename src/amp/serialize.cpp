@@ -305,7 +305,7 @@ std::map<std::string, double> GradScaler::state_dict() const {
   if (!is_enabled()) {
     return {};  // as PyTorch: a disabled scaler has no state
   }
-  const detail::ScalerSnapshot s = core_().snapshot();
+  const detail::ScalerSnapshot s = core().snapshot();
   std::map<std::string, double> state = {{"scale", static_cast<double>(s.scale)},
                                          {"growth_tracker", static_cast<double>(s.growth_tracker)}};
   for (const detail::OptionEntry& entry : detail::option_table()) {
@@ -327,7 +327,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     return;  // nothing to load into a pass-through, as PyTorch
   }
   // Read and validate everything first, so that a bad map leaves the scaler as it was.
-  detail::ScalerSnapshot s = snapshot_of(core_().options());
+  detail::ScalerSnapshot s = snapshot_of(core().options());
   s.scale = detail::checked_scale(required(state, "scale"), "state 'scale'");
   // PyTorch's options are required. Guard keys are optional: absent, the scaler keeps its
   // own guards (a map from PyTorch or from an unguarded scaler says nothing about them).
@@ -362,13 +362,13 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
           ? detail::checked_integer(*overflow_tracker, "overflow_tracker", kLoadStateDict)
           : 0;
   detail::validate_snapshot(s, kLoadStateDict);
-  core_().apply(s, nullptr);
+  core().apply(s, nullptr);
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   // The counters are saved too: settle the ones still queued on the device first.
   const ScalerCounters counters = this->counters();
-  const detail::ArchiveRecord record{is_enabled(), core_().snapshot(), counters};
+  const detail::ArchiveRecord record{is_enabled(), core().snapshot(), counters};
   const auto& fields = detail::archive_fields();
   std::vector<c10::IValue> values;
   values.reserve(fields.size());
@@ -419,7 +419,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
 
   // Then the values, with the checks every other source of state goes through. Fields an
   // older version lacks keep this scaler's options; its new counters start at 0.
-  detail::ArchiveRecord record{true, snapshot_of(core_().options()), ScalerCounters{}};
+  detail::ArchiveRecord record{true, snapshot_of(core().options()), ScalerCounters{}};
   for (size_t i = 0; i < fields.size(); ++i) {
     fields[i].write(record, values[i], fields[i].key);
   }
@@ -435,7 +435,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
                     ": the archive was saved from a disabled GradScaler and holds no state "
                     "to load into this enabled one; build this scaler with enabled(false), or "
                     "load a checkpoint of an enabled scaler.");
-  core_().apply(s, &c);
+  core().apply(s, &c);
 }
 
 namespace {

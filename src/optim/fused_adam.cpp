@@ -111,9 +111,9 @@ FusedAdam::FusedAdam(const std::vector<torch::optim::OptimizerParamGroup>& param
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = detail::run_closure(closure);
-  const Scaling scaling = take_scaling_();
+  const Scaling scaling = take_scaling();
   const char* name = decoupled_weight_decay_ ? "FusedAdamW" : "FusedAdam";
-  detail::KeptGroups& kept = kept_groups_();
+  detail::KeptGroups& kept = kept_groups();
   if (detail::step_kept<FusedAdamOptions>(
           kept, param_groups_, state_, state_count, state_tensor, check_options,
           [&](const FusedAdamOptions& o, const at::Device& device, const auto& lists) {

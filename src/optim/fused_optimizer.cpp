@@ -23,14 +23,14 @@ void FusedOptimizer::set_grad_scaling(torch::Tensor scale, torch::Tensor found_i
   pending_ = {std::move(scale), std::move(found_inf)};
 }
 
-detail::KeptGroups& FusedOptimizer::kept_groups_() {
+detail::KeptGroups& FusedOptimizer::kept_groups() {
   if (!kept_) {
     kept_ = std::make_unique<detail::KeptGroups>();
   }
   return *kept_;
 }
 
-FusedOptimizer::Scaling FusedOptimizer::take_scaling_() {
+FusedOptimizer::Scaling FusedOptimizer::take_scaling() {
   Scaling scaling = std::move(pending_);
   pending_ = {};
   return scaling;

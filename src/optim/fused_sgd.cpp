@@ -100,8 +100,8 @@ FusedSGD::FusedSGD(std::vector<torch::Tensor> params, FusedSGDOptions defaults)
 torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = detail::run_closure(closure);
-  const Scaling scaling = take_scaling_();
-  detail::KeptGroups& kept = kept_groups_();
+  const Scaling scaling = take_scaling();
+  detail::KeptGroups& kept = kept_groups();
   if (detail::step_kept<FusedSGDOptions>(
           kept, param_groups_, state_, state_count, state_tensor, check_options,
           [&](const FusedSGDOptions& o, const at::Device& device, const auto& lists) {

@@ -91,8 +91,6 @@ class DeviceHyperCopies {
   std::vector<Copy> copies_;
 };
 
-}  // namespace detail
-
 LiveHyperParameters::LiveHyperParameters() = default;
 
 LiveHyperParameters::~LiveHyperParameters() = default;
@@ -104,8 +102,8 @@ LiveHyperParameters& LiveHyperParameters::operator=(const LiveHyperParameters& /
 }
 
 void LiveHyperParameters::write(int slot, double value) {
-  TORCH_CHECK_INDEX(0 <= slot && slot < detail::LiveSlot::kCount, "LiveHyperParameters: slot ",
-                    slot, " is not one of 0 (lr), 1 (weight decay), 2 (momentum).");
+  TORCH_CHECK_INDEX(0 <= slot && slot < LiveSlot::kCount, "LiveHyperParameters: slot ", slot,
+                    " is not one of 0 (lr), 1 (weight decay), 2 (momentum).");
   if (copies_) {
     copies_->write(slot, value);
   }
@@ -114,10 +112,11 @@ void LiveHyperParameters::write(int slot, double value) {
 const torch::Tensor& LiveHyperParameters::on(const c10::Device& device, double lr,
                                              double weight_decay, double momentum) {
   if (!copies_) {
-    copies_ = std::make_unique<detail::DeviceHyperCopies>();
+    copies_ = std::make_unique<DeviceHyperCopies>();
   }
   return copies_->on(device, {lr, weight_decay, momentum});
 }
 
+}  // namespace detail
 }  // namespace optim
 }  // namespace lucid

@@ -622,8 +622,8 @@ TEST_F(SingleRank, AgreeWithANormPartialCombinesBothInOneAllReduce) {
 TEST_F(SingleRank, RejectsABadNormPartialOrNormType) {
   lucid::distributed::OverflowAgreement agreement(group_);
   torch::Tensor flag = torch::zeros({}), partial = torch::zeros({});
-  EXPECT_TRUE(lucid_test::ThrowsValueError("norm_type must be > 0",
-                                           [&] { agreement.agree_with_norm_(flag, partial, 0.0); }));
+  EXPECT_TRUE(lucid_test::ThrowsValueError(
+      "norm_type must be > 0", [&] { agreement.agree_with_norm_(flag, partial, 0.0); }));
   torch::Tensor two = torch::zeros({2});
   EXPECT_NE(lucid_test::message_of([&] {
               agreement.agree_with_norm_(flag, two, 2.0);

@@ -172,8 +172,8 @@ class GradScaler {
   void set_parameter_name(const torch::Tensor& parameter, const std::string& name);
 
  private:
-  detail::ScalerCore& core_();
-  const detail::ScalerCore& core_() const;
+  detail::ScalerCore& core();
+  const detail::ScalerCore& core() const;
 
   std::unique_ptr<detail::ScalerCore> core_ptr_;  // the whole state (pimpl)
 };

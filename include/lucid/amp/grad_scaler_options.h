@@ -133,8 +133,7 @@ class FoundInfHook {
   /// combine by a sum (finite p) or a maximum (inf), in place. A flag left non-zero, or a
   /// partial left non-finite, skips the step (the returned norm is then inf or NaN). The
   /// default agrees the flag alone and leaves the partial as it is.
-  virtual void agree_with_norm_(at::Tensor& found_inf, at::Tensor& norm_partial,
-                                double norm_type) {
+  virtual void agree_with_norm_(at::Tensor& found_inf, at::Tensor& norm_partial, double norm_type) {
     (void)norm_partial;
     (void)norm_type;
     agree_(found_inf);

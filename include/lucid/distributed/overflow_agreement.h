@@ -64,11 +64,10 @@ class OverflowAgreement final : public amp::FoundInfHook {
 
   /// Replaces `found_inf` by 1 where any rank's flag is non-zero (else 0) and
   /// `norm_partial` (a 1-element float32 tensor beside the flag; see
-  /// amp::FoundInfHook::agree_with_norm_) by its sum over the group for a finite `norm_type`, or its
-  /// maximum for inf, a NaN partial on any rank making it NaN on every rank; both in
-  /// place, with one all-reduce. Same calling rules and errors as agree_(found_inf), the
-  /// partial checked as the flag is (and on the flag's device); c10::ValueError for
-  /// `norm_type` not > 0.
+  /// amp::FoundInfHook::agree_with_norm_) by its sum over the group for a finite `norm_type`, or
+  /// its maximum for inf, a NaN partial on any rank making it NaN on every rank; both in place,
+  /// with one all-reduce. Same calling rules and errors as agree_(found_inf), the partial checked
+  /// as the flag is (and on the flag's device); c10::ValueError for `norm_type` not > 0.
   void agree_with_norm_(torch::Tensor& found_inf, torch::Tensor& norm_partial,
                         double norm_type) override;
 

@@ -22,7 +22,7 @@ struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAd
   FusedAdamOptions(double lr = 1e-3);
 
  public:
-  /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
+  /// Sets the learning rate (>= 0), its device copies included (detail::LiveHyperParameters).
   FusedAdamOptions& lr(double value);
   /// The learning rate.
   double lr() const noexcept { return lr_; }
@@ -54,12 +54,12 @@ struct FusedAdamOptions : public torch::optim::OptimizerCloneableOptions<FusedAd
   /// Sets the learning rate (what LR schedulers call), its device copies included.
   void set_lr(const double lr) override;
   /// The device copies of the values schedules change, read by the CUDA kernels.
-  LiveHyperParameters& live() const noexcept { return live_; }
+  detail::LiveHyperParameters& live() const noexcept { return live_; }
 
  private:
   double lr_ = 1e-3;
   double weight_decay_ = 0;
-  mutable LiveHyperParameters live_;
+  mutable detail::LiveHyperParameters live_;
 };
 
 /// FusedAdamW's options: FusedAdamOptions with torch::optim::AdamWOptions' default decay.

@@ -16,11 +16,10 @@ namespace optim {
 namespace detail {
 class DeviceHyperCopies;
 class KeptGroups;
-}  // namespace detail
 
-/// The hyper-parameters of one parameter group that schedules change (learning rate,
-/// weight decay, momentum), copied onto each CUDA device the group steps on, where the
-/// fused kernels read them. So a step captured in a CUDA graph uses the values of each
+/// Internal. The hyper-parameters of one parameter group that schedules change (learning
+/// rate, weight decay, momentum), copied onto each CUDA device the group steps on, where
+/// the fused kernels read them. So a step captured in a CUDA graph uses the values of each
 /// replay, not those of the capture: setting one through its options' setter (or set_lr,
 /// which torch::optim's LR schedulers call) writes the device copies at once, on the
 /// current stream, ordered after the work already queued and without a host wait. Every
@@ -49,6 +48,8 @@ class LiveHyperParameters {
  private:
   std::unique_ptr<detail::DeviceHyperCopies> copies_;
 };
+
+}  // namespace detail
 
 /// Implemented by optimizers that unscale the gradients and skip the update on the
 /// device inside their own step(), so that a GradScaler needs no separate unscale pass
@@ -88,9 +89,9 @@ class FusedOptimizer : public torch::optim::Optimizer, public ScalerAware {
     torch::Tensor found_inf;
   };
   /// Returns the scaling set for this step and clears it (the next step has none).
-  Scaling take_scaling_();
+  Scaling take_scaling();
   /// The launch lists kept between steps (made on first use; internal).
-  detail::KeptGroups& kept_groups_();
+  detail::KeptGroups& kept_groups();
 
  private:
   Scaling pending_;

@@ -22,7 +22,7 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   FusedSGDOptions(double lr);
 
  public:
-  /// Sets the learning rate (>= 0), its device copies included (LiveHyperParameters).
+  /// Sets the learning rate (>= 0), its device copies included (detail::LiveHyperParameters).
   FusedSGDOptions& lr(double value);
   /// The learning rate.
   double lr() const noexcept { return lr_; }
@@ -57,13 +57,13 @@ struct FusedSGDOptions : public torch::optim::OptimizerCloneableOptions<FusedSGD
   /// Sets the learning rate (what LR schedulers call), its device copies included.
   void set_lr(const double lr) override;
   /// The device copies of the values schedules change, read by the CUDA kernels.
-  LiveHyperParameters& live() const noexcept { return live_; }
+  detail::LiveHyperParameters& live() const noexcept { return live_; }
 
  private:
   double lr_;
   double momentum_ = 0;
   double weight_decay_ = 0;
-  mutable LiveHyperParameters live_;
+  mutable detail::LiveHyperParameters live_;
 };
 
 /// Per-parameter state: the step counter (float32 0-dim, on the parameter's device;
