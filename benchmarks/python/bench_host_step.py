@@ -5,7 +5,8 @@ N one-element float32 parameters (144 by default, the tensor count of bench_loop
 116M model) on one device: the time of one call of
   * lucid_amp.optim.FusedAdamW.step() and its kernel entry alone (_FusedGroup.prepare_,
     which takes and checks every tensor, and adam_, which launches),
-  * lucid_amp.GradScaler step + update with that optimizer,
+  * lucid_amp.GradScaler step + update with that optimizer, and clip_grad_norm_ + step +
+    update (bench_loops.py's clipped loop),
   * torch.optim.AdamW(foreach=True).step() beside them (and fused=True where the
     installed PyTorch has it for the device),
 as the best of 5 runs of `iters` back-to-back calls (per call, in microseconds). On a GPU
@@ -89,7 +90,13 @@ def main():
         scaler.step(opt)
         scaler.update()
 
+    def scaler_clip_step_update():
+        scaler.clip_grad_norm_(opt, 1.0)
+        scaler.step(opt)
+        scaler.update()
+
     rows.append(("lucid_amp.GradScaler step + update, FusedAdamW", scaler_step_update))
+    rows.append(("lucid_amp.GradScaler clip_grad_norm_ + step + update", scaler_clip_step_update))
     for kind in ("foreach", "fused"):
         try:
             ref = torch.optim.AdamW(make_params(n, dev), lr=1e-3, **{kind: True})

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 #pragma once
 
-// Internal: what a sharded clip's agreement all-reduces (amp::FoundInfHook::agree_with_norm_),
+// Internal: what a sharded clip's agreement all-reduces (FoundInfHook::agree_with_norm_),
 // without the transport: the C++ binding (lucid::distributed, c10d) and the Python one
 // (lucid_amp.distributed, torch.distributed) each reduce the same payload with their own
 // process group, and apply the result with the same code.
@@ -38,8 +38,8 @@ struct NormAgreementPayload {
 
 // Checks the arguments (c10::ValueError for a norm_type <= 0, c10::Error for a flag or
 // partial that is not one float32 element, or on different devices) and packs them.
-// Args: found_inf and norm_partial as amp::FoundInfHook::agree_with_norm_ gets them; norm_type its
-// p.
+// Args: found_inf and norm_partial as FoundInfHook::agree_with_norm_ gets them; norm_type
+// its p.
 NormAgreementPayload norm_agreement_payload(const at::Tensor& found_inf,
                                             const at::Tensor& norm_partial, double norm_type,
                                             const char* who);
