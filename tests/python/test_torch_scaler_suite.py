@@ -551,8 +551,8 @@ def test_grad_scaling_autocast_fused_optimizers(impl, device, optimizer_ctor, se
     # (double) and the fused one in float: parameters and second moments.
     loose = {"atol": 2e-5, "rtol": 2e-5} if "betas" in opt_control.param_groups[0] else {}
 
-    def check_then_set(expected, actual, **tolerance):
-        torch.testing.assert_close(actual, expected, **tolerance)
+    def check_then_set(expected, actual, what, **tolerance):
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{what}: {m}", **tolerance)
         with torch.no_grad():
             actual.copy_(expected)
 
@@ -571,14 +571,14 @@ def test_grad_scaling_autocast_fused_optimizers(impl, device, optimizer_ctor, se
             losses.append(loss.detach())
         torch.testing.assert_close(losses[1], losses[0])
         for pc, ps in zip(control.parameters(), scaled.parameters()):
-            check_then_set(pc.grad, ps.grad)
-            check_then_set(pc, ps, **loose)
+            check_then_set(pc.grad, ps.grad, "grad")
+            check_then_set(pc, ps, "param", **loose)
             sc, ss = opt_control.state[pc], opt_scaled.state[ps]
             for k in sc:
                 # The fused optimizer keeps "step" on the parameters' device, the for-loop
                 # one on the CPU (unless capturable).
                 expected = sc[k].reshape(ss[k].shape).to(ss[k].device)
-                check_then_set(expected, ss[k], **(loose if "exp_avg_sq" in k else {}))
+                check_then_set(expected, ss[k], k, **(loose if "exp_avg_sq" in k else {}))
 
 
 @pytest.mark.parametrize("optimizer_ctor", fused_optimizers(

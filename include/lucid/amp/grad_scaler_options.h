@@ -9,7 +9,6 @@
 #include <torch/arg.h>
 
 #include <cstdint>
-#include <functional>
 #include <limits>
 
 namespace lucid {
