@@ -202,42 +202,62 @@ bool gpu_still_busy() { return !at::cuda::getCurrentCUDAStream().query(); }
 // A scaler-aware optimizer whose step only keeps the GPU busy.
 struct SlowScalerAwareOptimizer {
   std::vector<torch::Tensor> params;
-  torch::Tensor found_inf;  // as the scaler handed it over
-  lucid::amp::OptimizerView view(bool defer_outcome) {
+  lucid::amp::OptimizerView view() {
     lucid::amp::OptimizerView v;
     v.key = this;
     v.param_groups = {params};
     v.step = [] { at::cuda::sleep(kBusyCycles); };
-    v.set_grad_scaling = [this](const torch::Tensor&, const torch::Tensor& flag) {
-      found_inf = flag;
-    };
-    v.defer_outcome = defer_outcome;
+    v.set_grad_scaling = [](const torch::Tensor&, const torch::Tensor&) {};
     return v;
   }
 };
 
-TEST_F(Cuda, ScalerAwareStepKnowsItsOutcomeWithoutWaitingForTheOptimizersKernel) {
-  for (const bool defer : {false, true}) {
-    SCOPED_TRACE(defer ? "outcome deferred to update()" : "outcome read in step()");
-    GradScaler scaler(GradScalerOptions().init_scale(4.0));
-    SlowScalerAwareOptimizer slow;
-    slow.params = {torch::zeros({1000}, gpu).requires_grad_()};
-    scaler.scale(torch::ones({}, gpu));  // places the scale on the GPU
-    for (const float g : {1.0f, std::numeric_limits<float>::infinity()}) {
-      slow.params[0].mutable_grad() = torch::full({1000}, g, gpu);
-      const bool clean = std::isfinite(g);
-      const bool stepped = scaler.step(slow.view(defer));
-      // An overflow's report reads the gradients and the scale, queued behind the step:
-      // only a clean step's outcome comes without waiting.
-      EXPECT_TRUE(!clean || gpu_still_busy()) << "step() waited for the optimizer's kernel";
-      EXPECT_EQ(stepped, defer || clean);  // a deferred step reports true
-      scaler.update();
-      EXPECT_TRUE(!clean || gpu_still_busy()) << "update() waited for the optimizer's kernel";
-      EXPECT_EQ(scaler.step_skipped(&slow), !clean);
-      EXPECT_EQ(scaler.get_scale(), clean ? 4.0 : 2.0);
-      torch::cuda::synchronize();
-    }
+TEST_F(Cuda, ScalerAwareStepAndUpdateWaitForNothingQueuedBeforeThem) {
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  SlowScalerAwareOptimizer slow;
+  slow.params = {torch::zeros({1000}, gpu).requires_grad_()};
+  scaler.scale(torch::ones({}, gpu));  // places the scale on the GPU
+  for (const float g : {1.0f, std::numeric_limits<float>::infinity()}) {
+    const bool clean = std::isfinite(g);
+    SCOPED_TRACE(clean ? "clean" : "overflow");
+    slow.params[0].mutable_grad() = torch::full({1000}, g, gpu);
+    at::cuda::sleep(kBusyCycles);  // queued ahead of the gradients' check
+    EXPECT_TRUE(scaler.step(slow.view()));  // the device decides whether it skips
+    EXPECT_TRUE(gpu_still_busy()) << "step() waited for the device";
+    scaler.update();
+    EXPECT_TRUE(gpu_still_busy()) << "update() waited for the device";
+    EXPECT_EQ(scaler.step_skipped(&slow), !clean);  // reads it: waits
+    EXPECT_EQ(scaler.get_scale(), clean ? 4.0 : 2.0);
   }
+  const lucid::amp::ScalerCounters counters = scaler.counters();
+  EXPECT_EQ(counters.steps_taken, 1);
+  EXPECT_EQ(counters.steps_skipped, 1);
+  EXPECT_EQ(counters.backoffs, 1);
+  // The flag landed after its update(), when the gradients may have changed: the report
+  // names the optimizer and the scale, and leaves the gradients uninspected.
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  EXPECT_EQ(scaler.last_overflow()->iteration, 1);
+  EXPECT_EQ(scaler.last_overflow()->scale, 4.0);
+  EXPECT_EQ(scaler.last_overflow()->uninspected_optimizers, 1);
+  EXPECT_TRUE(scaler.last_overflow()->gradients.empty());
+}
+
+TEST_F(Cuda, AScalerAwareOverflowThatLandedByUpdateNamesItsGradient) {
+  GradScaler scaler(GradScalerOptions().init_scale(4.0));
+  SlowScalerAwareOptimizer slow;
+  slow.params = {torch::zeros({1000}, gpu).requires_grad_()};
+  scaler.set_parameter_name(slow.params[0], "w");
+  scaler.scale(torch::ones({}, gpu));
+  slow.params[0].mutable_grad() = torch::full({1000}, std::numeric_limits<float>::infinity(), gpu);
+  scaler.step(slow.view());
+  torch::cuda::synchronize();  // the flag's copy has landed before update()
+  scaler.update();
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  ASSERT_EQ(scaler.last_overflow()->gradients.size(), 1u);
+  EXPECT_EQ(scaler.last_overflow()->gradients[0].name, "w");
+  EXPECT_EQ(scaler.last_overflow()->gradients[0].inf_count, 1000);
+  EXPECT_EQ(scaler.last_overflow()->scale, 4.0);
+  EXPECT_EQ(scaler.last_overflow()->uninspected_optimizers, 0);
 }
 
 TEST_F(Cuda, StepOfAPlainOptimizerDoesNotWaitForWhatRanAfterUnscaleOrClip) {

@@ -265,11 +265,11 @@ struct Model {
       finish_iteration();
       return Outcome::kOk;
     }
-    if (o.min_scale > 0 || callback) {
-      for (int k = 0; k < kOptimizers; ++k) {
-        if (opt[k].stage != OptimizerStage::kReady) {
-          read_flag(k, /*inspect=*/false);  // update() does not touch the optimizer
-        }
+    // The host learns every flag of the update (now, or when its copy lands) and reports
+    // the unread ones without touching their optimizers.
+    for (int k = 0; k < kOptimizers; ++k) {
+      if (opt[k].stage != OptimizerStage::kReady) {
+        read_flag(k, /*inspect=*/false);
       }
     }
     bool found = false;

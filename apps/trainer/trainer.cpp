@@ -111,11 +111,11 @@ void Trainer::train_step_(const at::Tensor& index) {
                          : per_example.sum() / static_cast<double>(train_.size())) *
                     config_.loss_weight;
   scaler_->scale(loss).backward();
-  const bool stepped = scaler_->step(*optimizer_).has_value();
+  scaler_->step(*optimizer_);
   scaler_->update();
 
   result_.steps += 1;
-  if (!stepped) result_.skipped += 1;
+  if (scaler_->step_skipped(*optimizer_)) result_.skipped += 1;
   result_.final_scale = scaler_->get_scale();
   result_.log.push_back(
       apps::StepRecord{result_.steps, per_example.mean().item<double>(), result_.final_scale,

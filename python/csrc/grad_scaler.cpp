@@ -248,9 +248,9 @@ void bind_grad_scaler(py::module& m) {
            }))
       // Returns whether the optimizer's step ran. `step_fn` runs it; `set_grad_scaling`
       // is None, or for a scaler-aware optimizer a callable(scale or None, found_inf).
-      // A scaler-aware step returns at once, as PyTorch's: its outcome is read at update()
-      // or when asked for (OptimizerView::defer_outcome), and the Python front returns the
-      // optimizer's own result either way.
+      // A scaler-aware step returns at once, as PyTorch's: its outcome reaches the host
+      // when its flag's copy has landed or when asked for (OptimizerView::
+      // set_grad_scaling), and the Python front returns the optimizer's own result.
       .def("step",
            torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups,
                                           py::function step_fn, py::object set_grad_scaling) {
@@ -260,7 +260,6 @@ void bind_grad_scaler(py::module& m) {
                view.set_grad_scaling = [&set_grad_scaling](at::Tensor scale, at::Tensor found_inf) {
                  set_grad_scaling(tensor_or_none(scale), tensor_or_none(found_inf));
                };
-               view.defer_outcome = true;
              }
              return self.step(view);
            }))

@@ -113,7 +113,7 @@ ScalerCounters GradScaler::counters() const {
 }
 
 // step_skipped and last_overflow are logically const as counters(): they may read the
-// outcome of a deferred step, which the device decided already.
+// outcome of a scaler-aware step, which the device decided already.
 bool GradScaler::step_skipped(const torch::optim::Optimizer& optimizer) const {
   return const_cast<detail::ScalerCore&>(core()).step_skipped(&optimizer);
 }

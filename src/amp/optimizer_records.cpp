@@ -43,15 +43,6 @@ bool OptimizerRecords::any_checked() const {
   return false;
 }
 
-bool OptimizerRecords::any_deferred() const {
-  for (const auto& entry : records_) {
-    if (entry.second.outcome_deferred) {
-      return true;
-    }
-  }
-  return false;
-}
-
 void OptimizerRecords::read_summary(bool* all_read, bool* any_found) const {
   bool read = true;
   bool found = false;

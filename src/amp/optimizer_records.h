@@ -34,10 +34,9 @@ struct OptimizerRecord {
   // left scaled in memory (clip_grad_norm_): the scale over the clip coefficient, on the
   // scale's device. Undefined when the gradients hold their true values.
   at::Tensor grad_scale;
-  // A scaler-aware step whose outcome the host has not read yet (OptimizerView::
-  // defer_outcome): its key and parameters, for note_step and the overflow report.
+  // A scaler-aware step whose outcome the host has not read yet, and its parameters, for
+  // the overflow report.
   bool outcome_deferred = false;
-  OptimizerKey deferred_key;
   std::vector<std::vector<at::Tensor>> deferred_params;
 };
 
@@ -65,17 +64,14 @@ class OptimizerRecords {
   // Whether any optimizer's overflow was checked in this iteration.
   bool any_checked() const;
 
-  // Whether a scaler-aware step's outcome is still unread (OptimizerRecord::
-  // outcome_deferred).
-  bool any_deferred() const;
   // Whether the host read every flag of this iteration, and whether one it read was set.
   void read_summary(bool* all_read, bool* any_found) const;
 
-  // Every record, for reading the flags nobody has read yet.
+  // Every record with its key, for reading the flags nobody has read yet.
   template <typename F>
   void for_each(F&& f) {
     for (auto& entry : records_) {
-      f(entry.second);
+      f(entry.first, entry.second);
     }
   }
 

@@ -97,6 +97,20 @@ at::Tensor combined_norm(FoundInfHook& hook, const std::vector<at::Tensor>& grad
   return norm;
 }
 
+// A read of `value` (float32, 0-dim) as it is now: its host copy where the device's table
+// starts one, else a copy where it lies, read (and waited for) later.
+PendingFlagRead read_later(const at::Tensor& value) {
+  PendingFlagRead read = start_flag_read_(value);
+  if (!read.started()) {
+    read.host = value.clone();
+  }
+  return read;
+}
+
+// Whether reading `read` now would not wait: its copy has landed, or there is no copy
+// (the flag is read where it lies).
+bool landed(const PendingFlagRead& read) { return !read.started() || !read.ready || read.ready(); }
+
 GradScalerOptions validated(const GradScalerOptions& options) {
   validate_options(options);
   return options;
@@ -269,24 +283,19 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
     diagnostics_.tally().note_step(view.key, record.found_inf, schedule_.scale().device());
     return true;
   }
-  if (view.defer_outcome) {
-    record.outcome_deferred = true;
-    record.deferred_key = view.key;
-    record.deferred_params.clear();
-    for (const c10::ArrayRef<at::Tensor> group : view.param_groups) {
-      record.deferred_params.emplace_back(group.begin(), group.end());
-    }
-    return true;
+  // The device skipped the step or not; the host learns which when the flag's copy has
+  // landed (NOTE: [Diagnostics without host synchronisation]). Until update() the record
+  // keeps the parameters, whose gradients the overflow report inspects.
+  record.outcome_deferred = true;
+  record.deferred_params.clear();
+  for (const c10::ArrayRef<at::Tensor> group : view.param_groups) {
+    record.deferred_params.emplace_back(group.begin(), group.end());
   }
-  // Read after the launch: the step was already skipped on the device if needed, the
-  // flag only tells the caller (from its host copy, which does not wait for the step).
-  const bool overflow = read_found_inf(&view, record);
-  diagnostics_.note_step(view.key, overflow);
-  return !overflow;
+  return true;
 }
 
 bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record,
-                                const at::Tensor& scale_at_step) {
+                                const PendingFlagRead* scale_at_step) {
   if (!record.found_inf.defined()) {
     return false;  // not checked in this iteration (its unscale_ or step threw)
   }
@@ -299,9 +308,14 @@ bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& reco
     record.found_inf_value = flag.item<float>() != 0.0f;
     record.found_inf_read = true;
     if (record.found_inf_value) {
-      diagnostics_.note_overflow(view, scale_at_step.defined()
-                                           ? static_cast<double>(scale_at_step.item<float>())
-                                           : schedule_.value());
+      double scale = schedule_.value();
+      if (scale_at_step != nullptr) {
+        if (scale_at_step->wait) {
+          scale_at_step->wait();
+        }
+        scale = static_cast<double>(scale_at_step->host.item<float>());
+      }
+      diagnostics_.note_overflow(view, scale);
     }
   }
   return record.found_inf_value;
@@ -313,28 +327,61 @@ void ScalerCore::start_reading_found_inf(OptimizerRecord& record) {
   }
 }
 
-void ScalerCore::resolve_deferred_steps(const at::Tensor& scale_at_step) {
-  records_.for_each([this, &scale_at_step](OptimizerRecord& record) {
-    if (!record.outcome_deferred) {
-      return;
+void ScalerCore::resolve_deferred_step(OptimizerKey key, OptimizerRecord& record,
+                                       const PendingFlagRead* scale_at_step) {
+  OptimizerView view;
+  view.key = key;
+  view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
+  const bool overflow = read_found_inf(&view, record, scale_at_step);
+  diagnostics_.note_step(key, overflow);
+  record.outcome_deferred = false;
+  record.deferred_params.clear();
+}
+
+void ScalerCore::resolve_outcomes() {
+  diagnostics_.resolve_pending(options());
+  records_.for_each([this](OptimizerKey key, OptimizerRecord& record) {
+    if (record.outcome_deferred) {
+      resolve_deferred_step(key, record, nullptr);
     }
-    OptimizerView view;
-    view.key = record.deferred_key;
-    view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
-    const bool overflow = read_found_inf(&view, record, scale_at_step);
-    diagnostics_.note_step(view.key, overflow);
-    record.outcome_deferred = false;
-    record.deferred_params.clear();
   });
 }
 
+void ScalerCore::hand_over_flags(PendingFlagRead scale_at_step) {
+  bool found = false;
+  std::vector<ScalerDiagnostics::LateFlag> late;
+  records_.for_each([&](OptimizerKey key, OptimizerRecord& record) {
+    if (!record.found_inf.defined()) {
+      return;
+    }
+    // Landed: read now, while a stepped optimizer's gradients are there for the report.
+    // An unscale_-only optimizer's are not inspected: it may be gone.
+    if (!record.found_inf_read && landed(record.found_inf_on_host)) {
+      if (record.outcome_deferred) {
+        resolve_deferred_step(key, record, &scale_at_step);
+      } else {
+        read_found_inf(nullptr, record, &scale_at_step);
+      }
+    }
+    if (record.found_inf_read) {
+      found = found || record.found_inf_value;
+      return;
+    }
+    late.push_back({key, record.outcome_deferred, record.found_inf_on_host});
+  });
+  if (late.empty()) {
+    scale_at_step = PendingFlagRead();
+  }
+  diagnostics_.note_schedule_update(found, std::move(late), std::move(scale_at_step), options());
+}
+
 bool ScalerCore::step_skipped(OptimizerKey key) {
-  resolve_deferred_steps();
+  resolve_outcomes();
   return diagnostics_.step_skipped(key);
 }
 
 const std::optional<OverflowReport>& ScalerCore::last_overflow() {
-  resolve_deferred_steps();
+  resolve_outcomes();
   return diagnostics_.last_overflow();
 }
 
@@ -344,7 +391,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
   }
   check_scaled("update");
   if (new_scale.has_value()) {
-    resolve_deferred_steps();
+    resolve_outcomes();
     const float value = checked_scale(*new_scale, "update(new_scale)");
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
@@ -355,7 +402,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
   // No growth without evidence: an iteration in which no optimizer's gradients were
   // checked says nothing about the scale (PyTorch raises here; strict_inf_checks does too).
   if (!records_.any_checked()) {
-    resolve_deferred_steps();
+    resolve_outcomes();
     TORCH_CHECK(!options().strict_inf_checks(),
                 "No inf checks were recorded prior to update(): no optimizer had a gradient "
                 "since the last update(). Nothing was changed. Call step(optimizer) after "
@@ -378,10 +425,10 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
   const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
                               static_cast<bool>(diagnostics_.backoff_callback());
   if (decide_on_host) {
-    resolve_deferred_steps();
+    resolve_outcomes();
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
     // inspected (the report counts it as uninspected); the flag is ours.
-    records_.for_each([this](OptimizerRecord& r) { read_found_inf(nullptr, r); });
+    records_.for_each([this](OptimizerKey, OptimizerRecord& r) { read_found_inf(nullptr, r); });
   }
   // Overflow in any optimizer since the last update backs the scale off; nothing
   // recorded counts as an overflow-free update.
@@ -401,16 +448,15 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
       diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
                                        schedule_.overflow_tracker(), opts);
     }
-    // A deferred step's report names the scale its gradients were divided by: kept on
-    // the device (one copy) before the update changes it.
-    const at::Tensor scale_at_step =
-        !count_on_device && records_.any_deferred() ? schedule_.scale().clone() : at::Tensor();
+    // A report of an unread flag names the scale its gradients were divided by: its copy
+    // is queued before the update changes it.
+    PendingFlagRead scale_at_step;
+    if (!count_on_device && !known) {
+      scale_at_step = read_later(schedule_.scale());
+    }
     schedule_.advance(found_inf);
     if (!count_on_device) {
-      // The deferred flags are read only now, with this update queued behind the steps.
-      resolve_deferred_steps(scale_at_step);
-      records_.read_summary(&known, &found);
-      diagnostics_.note_schedule_update(known, found, found_inf, opts);
+      hand_over_flags(std::move(scale_at_step));
     }
     return std::nullopt;
   }
@@ -436,7 +482,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
                 "the scale there with min_scale_policy(MinScalePolicy::kClamp).");
   }
   schedule_.commit(proposal);
-  diagnostics_.note_schedule_update(/*known=*/true, /*found=*/true, found_inf, opts);
+  diagnostics_.note_schedule_update(/*found=*/true, {}, PendingFlagRead(), opts);
 
   BackoffEvent event;
   event.iteration = counters.updates;  // finish_iteration has not counted it yet
@@ -484,7 +530,7 @@ OptimizerStage ScalerCore::stage(OptimizerKey key) const {
 }
 
 ScalerCounters ScalerCore::counters() {
-  resolve_deferred_steps();
+  resolve_outcomes();
   return diagnostics_.all_counters(options());
 }
 

@@ -50,7 +50,7 @@ class ScalerCore {
   void set_found_inf_hook(std::shared_ptr<FoundInfHook> hook) { found_inf_hook_ = std::move(hook); }
 
   // Diagnostics.
-  // These three read the outcome of deferred steps first (OptimizerView::defer_outcome).
+  // These three read every outcome the host has not read first, waiting for it.
   ScalerCounters counters();
   bool step_skipped(OptimizerKey key);
   // The overflow flag of this iteration for the optimizer with key `key` (float32, 0-dim,
@@ -74,15 +74,23 @@ class ScalerCore {
   // Starts the host copy of the record's final flag (PendingFlagRead), where the host
   // will read it: not in graph_safe mode, which never does.
   void start_reading_found_inf(OptimizerRecord& record);
-  // Reads the record's flag once; `view` is null where the optimizer may be gone.
-  // `scale_at_step`: the scale the gradients were divided by, where the schedule has moved
-  // on since (undefined: the current one).
+  // Reads the record's flag once; `view` is null where the gradients are not to be
+  // inspected (an unscale_-only optimizer may be gone). `scale_at_step`: the scale the
+  // gradients were divided by, where the schedule has moved on since (null: the current
+  // one).
   bool read_found_inf(const OptimizerView* view, OptimizerRecord& record,
-                      const at::Tensor& scale_at_step = {});
-  // Reads the flags of the steps whose outcome was deferred and counts them (one host
-  // read per optimizer, the first of which waits for the device); `scale_at_step` as
-  // above.
-  void resolve_deferred_steps(const at::Tensor& scale_at_step = {});
+                      const PendingFlagRead* scale_at_step = nullptr);
+  // Reads the flag of the scaler-aware step of `key` and counts it (its report inspects
+  // the parameters the record kept).
+  void resolve_deferred_step(OptimizerKey key, OptimizerRecord& record,
+                             const PendingFlagRead* scale_at_step);
+  // Every outcome the host has not read, waiting for it: the queued updates and this
+  // iteration's scaler-aware steps.
+  void resolve_outcomes();
+  // update() has queued the schedule's update: reads the flags whose copy has landed and
+  // hands the others to the diagnostics, to be counted when they land; `scale_at_step`
+  // is the copy of the scale those gradients were divided by.
+  void hand_over_flags(PendingFlagRead scale_at_step);
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
   void check_scaled(const char* call) const;
   std::optional<BackoffEvent> update_on_device();

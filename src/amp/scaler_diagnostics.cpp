@@ -43,8 +43,8 @@ std::string OverflowReport::to_string() const {
 namespace detail {
 namespace {
 
-// Bounds the queue of updates whose flag has not been read (a loop that unscale_s an
-// optimizer and never steps it): one 4-byte-per-update read every this many updates.
+// Bounds the queue of updates whose flags have not landed on the host: an update() that
+// finds this many waits for them.
 constexpr size_t kMaxPendingUpdates = 1024;
 
 // The event one update with outcome `found` has on the mirrored trackers.
@@ -131,10 +131,14 @@ const OverflowReport* ScalerDiagnostics::current_overflow() const {
              : nullptr;
 }
 
-void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale) {
-  if (current_overflow() == nullptr) {
+void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale,
+                                      int64_t iteration) {
+  if (last_overflow_.has_value() && last_overflow_->iteration > iteration) {
+    return;  // a late flag of an iteration older than the report kept
+  }
+  if (!last_overflow_.has_value() || last_overflow_->iteration != iteration) {
     OverflowReport report;
-    report.iteration = counters_.updates;
+    report.iteration = iteration;
     report.scale = scale;
     last_overflow_ = std::move(report);
   }
@@ -150,51 +154,62 @@ void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale) {
   }
 }
 
-void ScalerDiagnostics::note_schedule_update(bool known, bool found, const at::Tensor& flag,
+void ScalerDiagnostics::note_schedule_update(bool found, std::vector<LateFlag> late,
+                                             PendingFlagRead scale,
                                              const GradScalerOptions& options) {
-  if (known && pending_.empty()) {
-    pending_.push_back({found, at::Tensor()});
-    resolve_pending(options);  // reads nothing: the host knows `found`
-    return;
+  pending_.push_back({found, std::move(late), std::move(scale), counters_.updates});
+  resolve_pending(options, /*wait=*/pending_.size() >= kMaxPendingUpdates);
+}
+
+void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options, bool wait) {
+  const auto landed = [](const PendingFlagRead& read) { return !read.ready || read.ready(); };
+  const auto value = [](const PendingFlagRead& read) {
+    if (read.wait) {
+      read.wait();
+    }
+    return static_cast<double>(read.host.item<float>());
+  };
+  size_t done = 0;
+  for (; done < pending_.size(); ++done) {
+    Pending& p = pending_[done];
+    if (!wait) {
+      bool all_landed = true;
+      for (const LateFlag& late : p.late) {
+        all_landed = all_landed && landed(late.flag);
+      }
+      if (!all_landed) {
+        break;
+      }
+    }
+    bool found = p.found;
+    for (const LateFlag& late : p.late) {
+      const bool set = value(late.flag) != 0.0;
+      if (late.stepped) {
+        note_step(late.key, set);
+      }
+      if (set) {
+        note_overflow(nullptr, value(p.scale), p.iteration);
+      }
+      found = found || set;
+    }
+    count_update(found, options);
   }
-  pending_.push_back({found, known ? at::Tensor() : flag});
-  if (pending_.size() >= kMaxPendingUpdates) {
-    resolve_pending(options);
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void ScalerDiagnostics::count_update(bool found, const GradScalerOptions& options) {
+  const ScaleEvent event = advance_trackers(growth_tracker_, overflow_tracker_, found, options);
+  ScalerCounters& c = counters_;
+  c.overflow_updates += found ? 1 : 0;
+  c.overflow_streak = found ? c.overflow_streak + 1 : 0;
+  c.backoffs += event == ScaleEvent::kBackoff ? 1 : 0;
+  c.growths += event == ScaleEvent::kGrowth ? 1 : 0;
+  if (found) {
+    warn_on_streak(options);
   }
 }
 
-void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options) {
-  if (pending_.empty()) {
-    return;
-  }
-  std::vector<at::Tensor> unread;
-  for (const auto& p : pending_) {
-    if (p.flag.defined()) {
-      unread.push_back(p.flag.reshape({}));
-    }
-  }
-  // The one read: every unread flag at once (they all live on the scale's device).
-  at::Tensor host;
-  if (!unread.empty()) {
-    host = at::stack(unread).to(at::kCPU, at::kFloat).contiguous();
-  }
-  const float* read = host.defined() ? host.data_ptr<float>() : nullptr;
-  for (const auto& p : pending_) {
-    const bool found = p.flag.defined() ? *read++ != 0.0f : p.found;
-    const ScaleEvent event = advance_trackers(growth_tracker_, overflow_tracker_, found, options);
-    ScalerCounters& c = counters_;
-    c.overflow_updates += found ? 1 : 0;
-    c.overflow_streak = found ? c.overflow_streak + 1 : 0;
-    c.backoffs += event == ScaleEvent::kBackoff ? 1 : 0;
-    c.growths += event == ScaleEvent::kGrowth ? 1 : 0;
-    if (found) {
-      warn_on_streak_(options);
-    }
-  }
-  pending_.clear();
-}
-
-void ScalerDiagnostics::warn_on_streak_(const GradScalerOptions& options) const {
+void ScalerDiagnostics::warn_on_streak(const GradScalerOptions& options) const {
   const int64_t threshold = options.overflow_warning_streak();
   if (threshold <= 0 || counters_.overflow_streak != threshold) {
     return;  // once per streak: exactly when it reaches the threshold

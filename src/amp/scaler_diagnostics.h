@@ -6,30 +6,31 @@
 //
 // NOTE: [Diagnostics without host synchronisation]
 // The default path must not wait for the device more than it has to (NOTE: [Scaler state
-// on the device]): step() reads one flag per optimizer, update() reads nothing. So every
-// number here comes from what the host knows already, or is read when it is asked for:
-// - steps_taken / steps_skipped / step_skipped(): decided in step(), which read the flag;
-//   for a step whose view defers its outcome (OptimizerView::defer_outcome: a scaler-aware
-//   optimizer skips on the device anyway), by update() right after queueing its kernel,
-//   or by whichever query comes first; the report is built then, from the gradients the
-//   record kept.
-// - The overflow report: built where the host learns of an overflow (step() skipping,
-//   overflowed()). It is the slow path: per-gradient NaN and inf counts, read once per
-//   device, and the scale. A guarded update() that reads an unscale_-only optimizer's
-//   flag counts that optimizer as uninspected and does not touch it: the scaler keys
-//   optimizers by view key and cannot know whether one still exists at update().
-//   The gradients are unscaled in place by then, so it counts non-finite entries after
-//   unscaling: exactly the set the flag was raised for.
+// on the device]): step() of a plain optimizer reads its one flag, as PyTorch's does;
+// a scaler-aware optimizer skips on the device, so neither its step() nor update() reads
+// anything. So every number here comes from what the host knows already, from flags whose
+// copy to the host has landed (PendingFlagRead::ready), or is read when it is asked for:
+// - steps_taken / steps_skipped / step_skipped(): a plain optimizer's step() decides
+//   them. A scaler-aware step's outcome is read at update() when its flag's copy has
+//   landed by then, else later (below), or by whichever query comes first; while the
+//   iteration lasts, the report is built from the gradients the record kept.
+// - The overflow report: built where the host learns of an overflow. It is the slow
+//   path: per-gradient NaN and inf counts, read once per device, and the scale. A flag
+//   the host learns only after its update() (an unscale_-only optimizer, or a step whose
+//   flag had not landed) counts its optimizer as uninspected, its gradients untouched:
+//   the optimizer may be gone, or its gradients overwritten, by then. The gradients are
+//   unscaled in place when inspected, so it counts non-finite entries after unscaling:
+//   exactly the set the flag was raised for.
 // - backoffs / growths / overflow_updates / overflow_streak: what update() did on the
 //   device. The host mirrors the two trackers (growth, and overflows absorbed by
 //   hysteresis) and advances them with detail::next_scale_state, the rule every backend
-//   follows, given whether the update saw an overflow. Usually every flag of an update was
-//   read by step(), and the mirror advances at once. An optimizer that was unscale_'d but
-//   not stepped has a flag nobody read: that update is queued with its combined device
-//   flag, and the queue is read (one read of all its flags) when the counters are asked
-//   for, before a load or a save, or when it reaches kMaxPendingUpdates entries.
-// - With min_scale or a backoff callback, update() reads the unread flags itself (NOTE:
-//   [Guards]), so nothing is queued.
+//   follows, given whether the update saw an overflow. An update with a flag the host had
+//   not read is queued with the host copies of those flags (Pending); every update()
+//   counts the queued updates whose copies have landed, in order, without waiting; the
+//   queries, a load and a save wait for the rest, and so does an update() that finds
+//   kMaxPendingUpdates queued. The streak warning comes when its update is counted.
+// - With min_scale, max_overflow_streak or a backoff callback, update() reads the unread
+//   flags itself (NOTE: [Guards]), so nothing is queued.
 // - graph_safe mode counts steps and schedule updates on the device instead (NOTE:
 //   [Counting on the device] in device_tally.h); all_counters() adds that tally.
 
@@ -38,6 +39,7 @@
 #include <lucid/amp/optimizer_view.h>
 
 #include "amp/device_tally.h"
+#include "amp/flag_read.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
@@ -56,17 +58,29 @@ class ScalerDiagnostics {
   // A step() decided whether it skipped the optimizer with key `key`.
   void note_step(OptimizerKey key, bool skipped);
   // The host learnt that an optimizer overflowed in this iteration; `view` lists its
-  // gradients, or is null where the optimizer may be gone (update() reading the flag of
-  // one that was only unscale_'d). `scale` is the scale the gradients were divided by.
-  void note_overflow(const OptimizerView* view, double scale);
-  // update() ran the schedule: `found` is its outcome when `known`, else `flag` (the
-  // combined device flag) is read later.
-  void note_schedule_update(bool known, bool found, const at::Tensor& flag,
+  // gradients, or is null where they are not to be inspected (an optimizer that was only
+  // unscale_'d may be gone at update()). `scale` is the scale the gradients were divided
+  // by.
+  void note_overflow(const OptimizerView* view, double scale) {
+    note_overflow(view, scale, counters_.updates);
+  }
+  // A flag the host had not read when its update() ran: that of the optimizer with key
+  // `key`, from its step (`stepped`: a scaler-aware one, which skipped on the device or
+  // not) or from its unscale_ alone.
+  struct LateFlag {
+    OptimizerKey key;
+    bool stepped = false;
+    PendingFlagRead flag;
+  };
+  // update() ran the schedule: the host read flags whose outcome is `found`, and the
+  // flags in `late` (with `scale`, the scale they were checked with) reach it later.
+  void note_schedule_update(bool found, std::vector<LateFlag> late, PendingFlagRead scale,
                             const GradScalerOptions& options);
   // Whether an update that saw `found` backs the scale off (reads the queue first).
   bool predicts_backoff(bool found, const GradScalerOptions& options);
-  // Reads the queued flags and counts their updates.
-  void resolve_pending(const GradScalerOptions& options);
+  // Counts the queued updates, waiting for their flags (`wait`), or, without waiting, as
+  // many of the oldest as have all their flags on the host.
+  void resolve_pending(const GradScalerOptions& options, bool wait = true);
   // Forgets the queued updates (a checkpoint replaces the run they belong to).
   void drop_pending() { pending_.clear(); }
   // update() finished an iteration (with or without the schedule).
@@ -103,16 +117,22 @@ class ScalerDiagnostics {
   void forget_expired_names();
 
  private:
+  // An update() whose outcome the host does not know in full yet.
   struct Pending {
-    bool found = false;
-    at::Tensor flag;  // undefined when the host knew `found`
+    bool found = false;          // what the flags the host read said
+    std::vector<LateFlag> late;  // the flags it had not read
+    PendingFlagRead scale;       // the scale the late flags' gradients were divided by
+    int64_t iteration = 0;       // counters_.updates when that update() ran
   };
   struct Name {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
     std::string name;
   };
+  void note_overflow(const OptimizerView* view, double scale, int64_t iteration);
+  // Counts one update whose every flag the host has read.
+  void count_update(bool found, const GradScalerOptions& options);
   // Warns (TORCH_WARN) when an overflow streak reaches options.overflow_warning_streak.
-  void warn_on_streak_(const GradScalerOptions& options) const;
+  void warn_on_streak(const GradScalerOptions& options) const;
 
   ScalerCounters counters_;
   // The trackers as of the last resolved update, advanced on the host by the rule every

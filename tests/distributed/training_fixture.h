@@ -133,7 +133,8 @@ inline RunRecord reference_run(const std::vector<std::pair<int, int>>& plan,
       record.norms.push_back(
           scaler.clip_grad_norm_(*optimizer, training.max_norm, training.norm_type).item<float>());
     }
-    record.skipped.push_back(scaler.step(*optimizer).has_value() ? 0 : 1);
+    scaler.step(*optimizer);
+    record.skipped.push_back(scaler.step_skipped(*optimizer) ? 1 : 0);
     scaler.update();
     record.scales.push_back(scaler.get_scale());
   }

@@ -177,7 +177,8 @@ int run(const Flags& flags) {
             scaler.clip_grad_norm_(*optimizer, training.max_norm, training.norm_type)
                 .item<float>());
       }
-      record.skipped.push_back(scaler.step(*optimizer).has_value() ? 0 : 1);
+      scaler.step(*optimizer);
+      record.skipped.push_back(scaler.step_skipped(*optimizer) ? 1 : 0);
     } catch (const c10::Error& e) {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();

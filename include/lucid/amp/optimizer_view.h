@@ -75,15 +75,12 @@ struct OptimizerView {
   /// Set only for a scaler-aware optimizer, which unscales the gradients and skips its
   /// update on the device inside its own step: called right before `step` with the scale
   /// (undefined when the gradients are unscaled already) and the overflow flag (float32,
-  /// 0-dim; non-zero means skip). Empty for every other optimizer.
+  /// 0-dim; non-zero means skip). Empty for every other optimizer. The scaler never waits
+  /// for such a step: GradScaler::step returns true, and whether the step was skipped
+  /// (step_skipped, the counters, the overflow report) reaches the host once the flag's
+  /// copy has landed, or when one of those is asked for. The parameters are kept
+  /// referenced until update(), for the report.
   std::function<void(at::Tensor scale, at::Tensor found_inf)> set_grad_scaling;
-  /// For a scaler-aware optimizer only: true lets step() return (true) without reading the
-  /// overflow flag back, so that the host does not wait for the device at all (without it,
-  /// step() waits for the gradients' check, though not for the optimizer's kernel);
-  /// whether the step was skipped (step_skipped, the counters, the overflow report) is then
-  /// read at update(), after its kernel is queued, or as soon as one of those is asked
-  /// for. The gradients are kept referenced until then, for the report.
-  bool defer_outcome = false;
 };
 
 }  // namespace amp
