@@ -520,6 +520,44 @@ TEST(GraphSafeMode, RefusesOptimizersThatCannotSkipOnTheDevice) {
   }
 }
 
+// However the host learns a scaler-aware step's outcome (asked during the iteration, read
+// by overflowed() before the step, or at update()), the step is counted once, and the
+// report of the overflowing one names the gradient.
+TEST(FusedOptimizers, AScalerAwareStepIsCountedOnceWhenItsFlagWasReadBeforeTheStep) {
+  for (const int asked : {0, 1, 2}) {
+    SCOPED_TRACE(asked == 0 ? "overflowed() before step()" : asked == 1 ? "step_skipped() before update()" : "not asked");
+    auto p = make_params(torch::kFloat, 17);
+    FusedSGD sgd(p, FusedSGDOptions(0.1));
+    GradScaler scaler(GradScalerOptions().init_scale(8.0));
+    scaler.set_parameter_name(p[1], "b");
+    for (const bool overflow : {false, true}) {
+      scaler.scale(torch::ones({}));
+      set_grads(p, 0, 8.0);
+      if (overflow) {
+        p[1].mutable_grad()[0] = std::numeric_limits<float>::infinity();
+      }
+      if (asked == 0) {
+        scaler.unscale_(sgd);
+        EXPECT_EQ(scaler.overflowed(sgd), overflow);
+      }
+      EXPECT_TRUE(scaler.step(sgd).has_value());
+      if (asked == 1) {
+        EXPECT_EQ(scaler.step_skipped(sgd), overflow);
+      }
+      scaler.update();
+      EXPECT_EQ(scaler.step_skipped(sgd), overflow);
+    }
+    const lucid::amp::ScalerCounters counters = scaler.counters();
+    EXPECT_EQ(counters.steps_taken, 1);
+    EXPECT_EQ(counters.steps_skipped, 1);
+    EXPECT_EQ(counters.overflow_updates, 1);
+    ASSERT_TRUE(scaler.last_overflow().has_value());
+    EXPECT_EQ(scaler.last_overflow()->optimizers, 1);
+    ASSERT_EQ(scaler.last_overflow()->gradients.size(), 1u);
+    EXPECT_EQ(scaler.last_overflow()->gradients[0].name, "b");
+  }
+}
+
 TEST(GraphSafeMode, StepReturnsTheOptimizersValueAndSkipsOnTheDevice) {
   auto p = make_params(torch::kFloat, 13);
   FusedSGD sgd(p, FusedSGDOptions(0.1));

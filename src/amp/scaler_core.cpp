@@ -356,7 +356,7 @@ void ScalerCore::hand_over_flags(PendingFlagRead scale_at_step) {
     }
     // Landed: read now, while a stepped optimizer's gradients are there for the report.
     // An unscale_-only optimizer's are not inspected: it may be gone.
-    if (!record.found_inf_read && landed(record.found_inf_on_host)) {
+    if (record.found_inf_read || landed(record.found_inf_on_host)) {
       if (record.outcome_deferred) {
         resolve_deferred_step(key, record, &scale_at_step);
       } else {
