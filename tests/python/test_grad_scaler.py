@@ -1102,3 +1102,38 @@ def test_unscale_and_clipping_put_the_optimizer_in_the_iteration_as_step_does(sc
     scaler.step(opt)
     scaler.update()
     pickle.dumps(scaler)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("which", ["lucid_amp", "torch"])
+@pytest.mark.parametrize("optimizer", ["lucid_amp FusedAdamW", "torch fused AdamW"])
+def test_step_and_update_with_a_device_skipping_optimizer_wait_for_nothing_queued(which, optimizer):
+    """With kernels queued ahead of the gradients' check, scaler.step(opt) and
+    scaler.update() return while the GPU is still busy, for an optimizer that skips on
+    the device, as PyTorch's scaler does; the outcome is right when asked for after."""
+    import lucid_amp.optim
+
+    params = [torch.nn.Parameter(torch.zeros(1000, device="cuda"))]
+    opt = (lucid_amp.optim.FusedAdamW(params, lr=1e-3) if optimizer.startswith("lucid")
+           else torch.optim.AdamW(params, lr=1e-3, fused=True))
+    scaler = (lucid_amp.GradScaler("cuda", init_scale=4.0) if which == "lucid_amp"
+              else torch.amp.GradScaler("cuda", init_scale=4.0))
+    scaler.scale(torch.ones((), device="cuda"))
+    params[0].grad = torch.ones(1000, device="cuda")
+    scaler.step(opt)  # the first step makes the optimizer's state
+    scaler.update()
+    busy = 500_000_000  # cycles of one GPU thread: far longer than what the calls queue
+    for bad in (False, True):
+        params[0].grad = torch.full((1000,), math.inf if bad else 1.0, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(busy)
+        scaler.step(opt)
+        scaler.update()
+        assert not torch.cuda.current_stream().query(), "step() or update() waited for the GPU"
+        torch.cuda.synchronize()
+        assert scaler.get_scale() == (2.0 if bad else 4.0)
+        if which == "lucid_amp":
+            assert scaler.step_skipped(opt) == bad
+    if which == "lucid_amp":
+        counters = scaler.counters()
+        assert (counters.steps_taken, counters.steps_skipped, counters.backoffs) == (2, 1, 1)
