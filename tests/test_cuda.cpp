@@ -221,7 +221,7 @@ TEST_F(Cuda, ScalerAwareStepAndUpdateWaitForNothingQueuedBeforeThem) {
     const bool clean = std::isfinite(g);
     SCOPED_TRACE(clean ? "clean" : "overflow");
     slow.params[0].mutable_grad() = torch::full({1000}, g, gpu);
-    at::cuda::sleep(kBusyCycles);  // queued ahead of the gradients' check
+    at::cuda::sleep(kBusyCycles);           // queued ahead of the gradients' check
     EXPECT_TRUE(scaler.step(slow.view()));  // the device decides whether it skips
     EXPECT_TRUE(gpu_still_busy()) << "step() waited for the device";
     scaler.update();

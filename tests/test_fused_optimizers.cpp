@@ -525,7 +525,9 @@ TEST(GraphSafeMode, RefusesOptimizersThatCannotSkipOnTheDevice) {
 // report of the overflowing one names the gradient.
 TEST(FusedOptimizers, AScalerAwareStepIsCountedOnceWhenItsFlagWasReadBeforeTheStep) {
   for (const int asked : {0, 1, 2}) {
-    SCOPED_TRACE(asked == 0 ? "overflowed() before step()" : asked == 1 ? "step_skipped() before update()" : "not asked");
+    SCOPED_TRACE(asked == 0   ? "overflowed() before step()"
+                 : asked == 1 ? "step_skipped() before update()"
+                              : "not asked");
     auto p = make_params(torch::kFloat, 17);
     FusedSGD sgd(p, FusedSGDOptions(0.1));
     GradScaler scaler(GradScalerOptions().init_scale(8.0));

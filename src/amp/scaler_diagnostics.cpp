@@ -131,8 +131,7 @@ const OverflowReport* ScalerDiagnostics::current_overflow() const {
              : nullptr;
 }
 
-void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale,
-                                      int64_t iteration) {
+void ScalerDiagnostics::note_overflow(const OptimizerView* view, double scale, int64_t iteration) {
   if (last_overflow_.has_value() && last_overflow_->iteration > iteration) {
     return;  // a late flag of an iteration older than the report kept
   }
