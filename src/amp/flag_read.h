@@ -20,6 +20,15 @@ struct PendingFlagRead {
   std::function<bool()> ready;  // whether the copy has landed (never blocks)
 
   bool started() const { return host.defined(); }
+  // Whether reading it now would not wait: its copy has landed, or it has no wait.
+  bool landed() const { return !ready || ready(); }
+  // The value, once the copy has landed (waits for it).
+  float value() const {
+    if (wait) {
+      wait();
+    }
+    return host.item<float>();
+  }
 };
 
 }  // namespace amp

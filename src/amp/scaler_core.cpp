@@ -107,10 +107,6 @@ PendingFlagRead read_later(const at::Tensor& value) {
   return read;
 }
 
-// Whether reading `read` now would not wait: its copy has landed, or there is no copy
-// (the flag is read where it lies).
-bool landed(const PendingFlagRead& read) { return !read.started() || !read.ready || read.ready(); }
-
 GradScalerOptions validated(const GradScalerOptions& options) {
   validate_options(options);
   return options;
@@ -300,22 +296,14 @@ bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& reco
     return false;  // not checked in this iteration (its unscale_ or step threw)
   }
   if (!record.found_inf_read) {
-    PendingFlagRead& on_host = record.found_inf_on_host;
-    if (on_host.started()) {
-      on_host.wait();
-    }
-    const at::Tensor& flag = on_host.started() ? on_host.host : record.found_inf;
-    record.found_inf_value = flag.item<float>() != 0.0f;
+    const PendingFlagRead& on_host = record.found_inf_on_host;
+    const float flag = on_host.started() ? on_host.value() : record.found_inf.item<float>();
+    record.found_inf_value = flag != 0.0f;
     record.found_inf_read = true;
     if (record.found_inf_value) {
-      double scale = schedule_.value();
-      if (scale_at_step != nullptr) {
-        if (scale_at_step->wait) {
-          scale_at_step->wait();
-        }
-        scale = static_cast<double>(scale_at_step->host.item<float>());
-      }
-      diagnostics_.note_overflow(view, scale);
+      diagnostics_.note_overflow(view, scale_at_step != nullptr
+                                           ? static_cast<double>(scale_at_step->value())
+                                           : schedule_.value());
     }
   }
   return record.found_inf_value;
@@ -356,7 +344,7 @@ void ScalerCore::hand_over_flags(PendingFlagRead scale_at_step) {
     }
     // Landed: read now, while a stepped optimizer's gradients are there for the report.
     // An unscale_-only optimizer's are not inspected: it may be gone.
-    if (record.found_inf_read || landed(record.found_inf_on_host)) {
+    if (record.found_inf_read || record.found_inf_on_host.landed()) {
       if (record.outcome_deferred) {
         resolve_deferred_step(key, record, &scale_at_step);
       } else {

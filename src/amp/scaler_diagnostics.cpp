@@ -161,20 +161,13 @@ void ScalerDiagnostics::note_schedule_update(bool found, std::vector<LateFlag> l
 }
 
 void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options, bool wait) {
-  const auto landed = [](const PendingFlagRead& read) { return !read.ready || read.ready(); };
-  const auto value = [](const PendingFlagRead& read) {
-    if (read.wait) {
-      read.wait();
-    }
-    return static_cast<double>(read.host.item<float>());
-  };
   size_t done = 0;
   for (; done < pending_.size(); ++done) {
     Pending& p = pending_[done];
     if (!wait) {
       bool all_landed = true;
       for (const LateFlag& late : p.late) {
-        all_landed = all_landed && landed(late.flag);
+        all_landed = all_landed && late.flag.landed();
       }
       if (!all_landed) {
         break;
@@ -182,12 +175,12 @@ void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options, bool w
     }
     bool found = p.found;
     for (const LateFlag& late : p.late) {
-      const bool set = value(late.flag) != 0.0;
+      const bool set = late.flag.value() != 0.0f;
       if (late.stepped) {
         note_step(late.key, set);
       }
       if (set) {
-        note_overflow(nullptr, value(p.scale), p.iteration);
+        note_overflow(nullptr, static_cast<double>(p.scale.value()), p.iteration);
       }
       found = found || set;
     }

@@ -147,10 +147,10 @@ void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
 
 // The flag's copy into pinned memory on the flag's current stream, and an event behind
 // it: waiting on the event waits for that stream up to this point only, and querying it
-// does not wait. The pinned block
-// comes from PyTorch's caching host allocator, which keeps it until the copy has landed.
-// Not while the stream is captured into a CUDA graph: the copy would land only when the
-// graph is replayed, so the flag is then read as before, where it lies.
+// does not wait. The pinned block comes from PyTorch's caching host allocator, which
+// keeps it until the copy has landed. Not while the stream is captured into a CUDA graph:
+// the copy would land only when the graph is replayed, so the flag is then read as
+// before, where it lies.
 PendingFlagRead table_start_flag_read_(const at::Tensor& found_inf) {
   if (cuda_common::current_stream_capturing(found_inf.device())) {
     return PendingFlagRead();
