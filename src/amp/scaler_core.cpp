@@ -290,8 +290,7 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
   return true;
 }
 
-bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record,
-                                const PendingFlagRead* scale_at_step) {
+bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record) {
   if (!record.found_inf.defined()) {
     return false;  // not checked in this iteration (its unscale_ or step threw)
   }
@@ -301,9 +300,7 @@ bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& reco
     record.found_inf_value = flag != 0.0f;
     record.found_inf_read = true;
     if (record.found_inf_value) {
-      diagnostics_.note_overflow(view, scale_at_step != nullptr
-                                           ? static_cast<double>(scale_at_step->value())
-                                           : schedule_.value());
+      diagnostics_.note_overflow(view, schedule_.value());
     }
   }
   return record.found_inf_value;
@@ -315,12 +312,11 @@ void ScalerCore::start_reading_found_inf(OptimizerRecord& record) {
   }
 }
 
-void ScalerCore::resolve_deferred_step(OptimizerKey key, OptimizerRecord& record,
-                                       const PendingFlagRead* scale_at_step) {
+void ScalerCore::resolve_deferred_step(OptimizerKey key, OptimizerRecord& record) {
   OptimizerView view;
   view.key = key;
   view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
-  const bool overflow = read_found_inf(&view, record, scale_at_step);
+  const bool overflow = read_found_inf(&view, record);
   diagnostics_.note_step(key, overflow);
   record.outcome_deferred = false;
   record.deferred_params.clear();
@@ -330,13 +326,12 @@ void ScalerCore::resolve_outcomes() {
   diagnostics_.resolve_pending(options());
   records_.for_each([this](OptimizerKey key, OptimizerRecord& record) {
     if (record.outcome_deferred) {
-      resolve_deferred_step(key, record, nullptr);
+      resolve_deferred_step(key, record);
     }
   });
 }
 
-void ScalerCore::hand_over_flags(PendingFlagRead scale_at_step) {
-  bool found = false;
+std::vector<ScalerDiagnostics::LateFlag> ScalerCore::read_landed_flags(bool* found) {
   std::vector<ScalerDiagnostics::LateFlag> late;
   records_.for_each([&](OptimizerKey key, OptimizerRecord& record) {
     if (!record.found_inf.defined()) {
@@ -346,21 +341,18 @@ void ScalerCore::hand_over_flags(PendingFlagRead scale_at_step) {
     // An unscale_-only optimizer's are not inspected: it may be gone.
     if (record.found_inf_read || record.found_inf_on_host.landed()) {
       if (record.outcome_deferred) {
-        resolve_deferred_step(key, record, &scale_at_step);
+        resolve_deferred_step(key, record);
       } else {
-        read_found_inf(nullptr, record, &scale_at_step);
+        read_found_inf(nullptr, record);
       }
     }
     if (record.found_inf_read) {
-      found = found || record.found_inf_value;
+      *found = *found || record.found_inf_value;
       return;
     }
     late.push_back({key, record.outcome_deferred, record.found_inf_on_host});
   });
-  if (late.empty()) {
-    scale_at_step = PendingFlagRead();
-  }
-  diagnostics_.note_schedule_update(found, std::move(late), std::move(scale_at_step), options());
+  return late;
 }
 
 bool ScalerCore::step_skipped(OptimizerKey key) {
@@ -436,15 +428,21 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
       diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
                                        schedule_.overflow_tracker(), opts);
     }
-    // A report of an unread flag names the scale its gradients were divided by: its copy
-    // is queued before the update changes it.
+    // Before the schedule moves: a flag read now is reported with the scale as it is; a
+    // flag that lands later, with the copy of that scale queued here.
+    bool read_found = false;
+    std::vector<ScalerDiagnostics::LateFlag> late;
     PendingFlagRead scale_at_step;
-    if (!count_on_device && !known) {
-      scale_at_step = read_later(schedule_.scale());
+    if (!count_on_device) {
+      late = read_landed_flags(&read_found);
+      if (!late.empty()) {
+        scale_at_step = read_later(schedule_.scale());
+      }
     }
     schedule_.advance(found_inf);
     if (!count_on_device) {
-      hand_over_flags(std::move(scale_at_step));
+      diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step),
+                                        opts);
     }
     return std::nullopt;
   }

@@ -75,22 +75,18 @@ class ScalerCore {
   // will read it: not in graph_safe mode, which never does.
   void start_reading_found_inf(OptimizerRecord& record);
   // Reads the record's flag once; `view` is null where the gradients are not to be
-  // inspected (an unscale_-only optimizer may be gone). `scale_at_step`: the scale the
-  // gradients were divided by, where the schedule has moved on since (null: the current
-  // one).
-  bool read_found_inf(const OptimizerView* view, OptimizerRecord& record,
-                      const PendingFlagRead* scale_at_step = nullptr);
+  // inspected (an unscale_-only optimizer may be gone). An overflow is reported with the
+  // current scale: every read here comes before update() moves it.
+  bool read_found_inf(const OptimizerView* view, OptimizerRecord& record);
   // Reads the flag of the scaler-aware step of `key` and counts it (its report inspects
   // the parameters the record kept).
-  void resolve_deferred_step(OptimizerKey key, OptimizerRecord& record,
-                             const PendingFlagRead* scale_at_step);
+  void resolve_deferred_step(OptimizerKey key, OptimizerRecord& record);
   // Every outcome the host has not read, waiting for it: the queued updates and this
   // iteration's scaler-aware steps.
   void resolve_outcomes();
-  // update() has queued the schedule's update: reads the flags whose copy has landed and
-  // hands the others to the diagnostics, to be counted when they land; `scale_at_step`
-  // is the copy of the scale those gradients were divided by.
-  void hand_over_flags(PendingFlagRead scale_at_step);
+  // update(), before the schedule moves: reads the flags whose copy has landed and
+  // returns the others, to be counted when they land; *found: whether one it read was set.
+  std::vector<ScalerDiagnostics::LateFlag> read_landed_flags(bool* found);
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
   void check_scaled(const char* call) const;
   std::optional<BackoffEvent> update_on_device();
