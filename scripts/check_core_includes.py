@@ -49,7 +49,7 @@ FORBIDDEN = "torch/optim/optimizer.h"
 # - src/common (the device-kernel registry, the plain-tensor check) and src/cuda_common
 #   (the CUDA multi-tensor machinery of amp and optim) sit below the features and include
 #   none of them; the registry's source alone includes the one table interface of each
-#   feature, whose tables it fills.
+#   feature, whose tables it fills, and the CUDA capture query it registers for CUDA.
 # - A feature's top folder includes its own public headers, src/common and nothing of
 #   its device folders, which it reaches through the registry. src/amp includes no
 #   optimizer code: its adapter alone sees the public ScalerAware interface of lucid::optim.
@@ -66,7 +66,8 @@ ANY_SRC_FOLDER_MAY_INCLUDE = ["src/compat"]
 MAY_INCLUDE = {
     "src/compat": [],
     "src/common": [],
-    "src/common/device_kernels.cpp": ["src/amp/backend.h", "src/optim/fused_backend.h"],
+    "src/common/device_kernels.cpp": ["src/amp/backend.h", "src/optim/fused_backend.h",
+                                      "src/cuda_common/stream_capture.h"],
     "src/cuda_common": [],
     "src/amp": ["include/lucid/amp", "src/common"],
     "src/amp/torch_optimizer_view.cpp": ["include/lucid/optim/fused_optimizer.h"],

@@ -443,56 +443,112 @@ TEST_F(Cuda, GraphSafeFusedStepAndUpdateNeverSynchronise) {
 }
 
 // A whole training step (forward, backward, scaled fused step, update) captured once in
-// a CUDA graph and replayed; an inf in the static input makes a replay skip on the device.
-TEST_F(Cuda, WholeTrainingStepCapturedInACudaGraphSkipsOnInjectedOverflow) {
+// a CUDA graph and replayed beside an eager twin fed the same inputs: an inf in the
+// static input makes a replay skip on the device and back off, as the eager step does,
+// and the device counts what the replays did.
+void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
+  const torch::Device gpu{torch::kCUDA, 0};
   torch::manual_seed(3);
   torch::nn::Linear model(64, 64);
+  torch::nn::Linear twin(64, 64);
   model->to(gpu);
+  twin->to(gpu);
+  {
+    torch::NoGradGuard no_grad;
+    twin->weight.copy_(model->weight);
+    twin->bias.copy_(model->bias);
+  }
   lucid::optim::FusedAdamW optimizer(model->parameters(), lucid::optim::FusedAdamWOptions(1e-2));
-  GradScaler scaler(GradScalerOptions().graph_safe(true).init_scale(1024.0).growth_interval(1000));
+  lucid::optim::FusedAdamW twin_optimizer(twin->parameters(),
+                                          lucid::optim::FusedAdamWOptions(1e-2));
+  const GradScalerOptions schedule = options.init_scale(1024.0).growth_interval(1000);
+  GradScaler scaler(schedule);
+  GradScaler twin_scaler(schedule);
   auto static_x = torch::randn({8, 64}, gpu);
   auto static_y = torch::randn({8, 64}, gpu);
-  auto train_step = [&] {
-    for (auto& p : model->parameters()) {
+  auto train_step = [&](torch::nn::Linear& m, lucid::optim::FusedAdamW& opt, GradScaler& s) {
+    for (auto& p : m->parameters()) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
-    auto loss = (model->forward(static_x) - static_y).pow(2).mean();
-    scaler.scale(loss).backward();
-    scaler.step(optimizer);
-    scaler.update();
+    auto loss = (m->forward(static_x) - static_y).pow(2).mean();
+    s.scale(loss).backward();
+    s.step(opt);
+    s.update();
   };
   auto side = c10::cuda::getStreamFromPool();
   {
     c10::cuda::CUDAStreamGuard guard(side);
-    for (int i = 0; i < 3; ++i) train_step();
+    for (int i = 0; i < 3; ++i) {
+      train_step(model, optimizer, scaler);
+      train_step(twin, twin_optimizer, twin_scaler);
+    }
   }
   torch::cuda::synchronize();
   at::cuda::CUDAGraph graph;
   {
     c10::cuda::CUDAStreamGuard guard(side);
     graph.capture_begin();
-    train_step();
+    train_step(model, optimizer, scaler);
     graph.capture_end();
   }
   const auto clean_x = static_x.clone();
-  auto w0 = model->weight.detach().clone();
-  graph.replay();
-  torch::cuda::synchronize();
-  EXPECT_FALSE(torch::equal(model->weight.detach(), w0)) << "a clean replay must update";
-  EXPECT_EQ(scaler.get_scale(), 1024.0);
-
-  static_x[0][0] = std::numeric_limits<float>::infinity();
-  auto w1 = model->weight.detach().clone();
-  graph.replay();
-  torch::cuda::synchronize();
-  EXPECT_TRUE(torch::equal(model->weight.detach(), w1)) << "an overflowing replay must skip";
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<bool> overflows{false, true, false};
+  for (size_t i = 0; i < overflows.size(); ++i) {
+    SCOPED_TRACE("replay " + std::to_string(i));
+    static_x.copy_(clean_x);
+    if (overflows[i]) static_x[0][0] = inf;
+    const auto before = model->weight.detach().clone();
+    graph.replay();
+    train_step(twin, twin_optimizer, twin_scaler);  // in stream order after the input's copy
+    torch::cuda::synchronize();
+    EXPECT_EQ(torch::equal(model->weight.detach(), before), overflows[i])
+        << "a replay skips exactly when its gradients overflow";
+    EXPECT_TRUE(torch::allclose(model->weight.detach(), twin->weight.detach(), 1e-5, 1e-6));
+    EXPECT_EQ(scaler.get_scale(), twin_scaler.get_scale());
+    EXPECT_EQ(scaler.step_skipped(optimizer), overflows[i]);
+  }
   EXPECT_EQ(scaler.get_scale(), 512.0);
+  // 3 warm-ups and 3 replays, one of which overflowed and backed off: as the twin counted.
+  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 5, /*skipped*/ 1, /*updates*/ 6,
+                                              /*overflow_updates*/ 1, /*backoffs*/ 1,
+                                              /*growths*/ 0, /*streak*/ 0}));
+  EXPECT_TRUE(CountersAre(scaler.counters(), twin_scaler.counters()));
+}
 
-  static_x.copy_(clean_x);
-  graph.replay();
+TEST_F(Cuda, GraphSafeTrainingStepCapturedInACudaGraphReplaysLikeEager) {
+  capture_training_step_and_replay_like_eager(GradScalerOptions().graph_safe(true));
+}
+
+// The default mode needs no option for a capture: a captured step of an optimizer that
+// skips on the device, and a captured update, read nothing on the host.
+TEST_F(Cuda, DefaultModeTrainingStepCapturedInACudaGraphReplaysLikeEager) {
+  capture_training_step_and_replay_like_eager(GradScalerOptions());
+}
+
+// A plain optimizer's step must read the flag on the host, which a replay cannot: refused
+// while capturing, before anything is queued.
+TEST_F(Cuda, CapturedStepOfAPlainOptimizerIsRefusedClearly) {
+  auto weight = torch::ones({16}, torch::TensorOptions().device(gpu).requires_grad(true));
+  torch::optim::SGD optimizer({weight}, torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  auto side = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(side);
+  scaler.scale(weight.sum()).backward();
+  scaler.step(optimizer);
+  scaler.update();
+  scaler.scale(weight.sum()).backward();
   torch::cuda::synchronize();
-  EXPECT_FALSE(torch::equal(model->weight.detach(), w1));
-  EXPECT_EQ(scaler.get_scale(), 512.0);
+  const auto before = weight.detach().clone();
+  at::cuda::CUDAGraph graph;
+  graph.capture_begin();
+  EXPECT_TRUE(
+      ThrowsExactly<c10::Error>("captured in a CUDA graph", [&] { scaler.step(optimizer); }));
+  graph.capture_end();
+  EXPECT_EQ(scaler.stage(optimizer), OptimizerStage::kReady);
+  scaler.step(optimizer);  // eagerly, the same step runs
+  scaler.update();
+  EXPECT_FALSE(torch::equal(weight.detach(), before));
 }
 #endif
 

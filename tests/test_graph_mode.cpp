@@ -18,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -127,6 +128,47 @@ TEST(GraphSafeCpu, LoadingAStateDictFoldsTheDeviceTallyIntoTheCountersAndCountin
         << "iteration " << i;
   }
   EXPECT_EQ(graph.scaler->counters().updates, 20);
+}
+
+// A backoff callback set mid-run makes the host decide each update again: it continues
+// from the trackers and streak the device counted, so its backoffs, growths and events are
+// those of a run the host counted throughout. Set at `switch_at`, the first iteration the
+// host decides.
+void expect_a_callback_set_mid_run_to_continue_from_the_device(int switch_at) {
+  Trainer eager(torch::kCPU, /*graph_safe=*/false, /*adam=*/false);
+  Trainer graph(torch::kCPU, /*graph_safe=*/true, /*adam=*/false);
+  using Event = std::tuple<int64_t, double, double, int64_t>;
+  std::vector<Event> eager_events, graph_events;
+  const torch::Tensor clean_x = eager.x.clone();
+  for (int i = 0; i < 50; ++i) {
+    if (i == switch_at) {
+      eager.scaler->set_backoff_callback([&eager_events](const BackoffEvent& e) {
+        eager_events.emplace_back(e.iteration, e.old_scale, e.new_scale, e.overflow_streak);
+      });
+      graph.scaler->set_backoff_callback([&graph_events](const BackoffEvent& e) {
+        graph_events.emplace_back(e.iteration, e.old_scale, e.new_scale, e.overflow_streak);
+      });
+    }
+    for (Trainer* t : {&eager, &graph}) {
+      t->x.copy_(overflows_at(i) ? t->bad_x : clean_x);
+      t->iterate();
+    }
+    ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters()))
+        << "iteration " << i;
+    ASSERT_EQ(graph.scaler->step_skipped(*graph.optimizer), overflows_at(i)) << "iteration " << i;
+    ASSERT_EQ(graph.scaler->get_scale(), eager.scaler->get_scale()) << "iteration " << i;
+  }
+  EXPECT_FALSE(eager_events.empty());
+  EXPECT_EQ(graph_events, eager_events);
+}
+
+TEST(GraphSafeCpu, ABackoffCallbackSetMidGrowthIntervalContinuesFromTheDeviceTrackers) {
+  expect_a_callback_set_mid_run_to_continue_from_the_device(/*switch_at=*/22);
+}
+
+TEST(GraphSafeCpu, ABackoffCallbackSetMidOverflowStreakContinuesFromTheDeviceStreak) {
+  // Iteration 40 overflowed, counted on the device, and hysteresis absorbed it: 41 backs off.
+  expect_a_callback_set_mid_run_to_continue_from_the_device(/*switch_at=*/41);
 }
 
 TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {

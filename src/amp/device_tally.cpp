@@ -7,7 +7,7 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
-void DeviceTally::ensure_(const at::Device& device) {
+void DeviceTally::place(const at::Device& device) {
   if (!tally_.defined()) {
     tally_ = at::zeros({kFieldCount}, at::TensorOptions().dtype(at::kLong).device(device));
     if (streak_at_reset_ != 0) {
@@ -16,23 +16,26 @@ void DeviceTally::ensure_(const at::Device& device) {
   }
 }
 
-void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf,
-                            const at::Device& device) {
-  ensure_(device);
+void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration) {
+  TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
+  counted_ = true;
   const at::Tensor skipped =
       found_inf.defined() ? found_inf.ne(0) : at::zeros({}, tally_.options().dtype(at::kBool));
   tally_.narrow(0, kStepsTaken, 2).add_(at::stack({skipped.logical_not(), skipped}));
-  at::Tensor& last = last_skipped_[key];
-  if (!last.defined()) {
-    last = at::zeros({}, tally_.options().dtype(at::kBool));
+  Step& last = last_step_[key];
+  if (!last.skipped.defined()) {
+    last.skipped = at::zeros({}, tally_.options().dtype(at::kBool));
   }
-  last.copy_(skipped);
+  last.skipped.copy_(skipped);
+  last.iteration = iteration;
 }
 
 void DeviceTally::note_update(const at::Tensor& found_inf, const at::Tensor& growth_tracker,
                               const at::Tensor& overflow_tracker,
                               const GradScalerOptions& options) {
-  ensure_(found_inf.device());
+  TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
+  counted_ = true;
+  last_update_here_ = true;
   ++updates_;
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor grows =
@@ -43,12 +46,22 @@ void DeviceTally::note_update(const at::Tensor& found_inf, const at::Tensor& gro
                                ? found.logical_and(overflow_tracker.ge(absorbs))
                                : (absorbs <= 0 ? found : at::zeros_like(found));
   tally_.narrow(0, kUpdates, 4).add_(at::stack({at::ones_like(found), found, backs, grows}));
-  at::Tensor streak = tally_.select(0, kOverflowStreak);
-  streak.add_(1).mul_(found);
+  tally_.select(0, kOverflowStreak).add_(1).mul_(found);
+}
+
+void DeviceTally::note_host_update(const at::Tensor& found_inf) {
+  last_update_here_ = false;
+  if (counted_) {
+    tally_.select(0, kOverflowStreak).add_(1).mul_(found_inf.ne(0));
+  }
+}
+
+int64_t DeviceTally::streak() const {
+  return tally_.defined() ? tally_.select(0, kOverflowStreak).item<int64_t>() : streak_at_reset_;
 }
 
 void DeviceTally::add_to(ScalerCounters& counters) const {
-  if (!tally_.defined()) {
+  if (!counted_) {
     return;
   }
   const at::Tensor host = tally_.to(at::kCPU);
@@ -60,25 +73,26 @@ void DeviceTally::add_to(ScalerCounters& counters) const {
   counters.overflow_updates += t[kOverflowUpdates];
   counters.backoffs += t[kBackoffs];
   counters.growths += t[kGrowths];
-  if (updates_ > 0) {
+  if (last_update_here_) {
     counters.overflow_streak = t[kOverflowStreak];
   }
 }
 
-bool DeviceTally::last_step(OptimizerKey key, bool* skipped) const {
-  const auto it = last_skipped_.find(key);
-  if (it == last_skipped_.end()) {
-    return false;
-  }
-  *skipped = it->second.item<bool>();
-  return true;
+const DeviceTally::Step* DeviceTally::last_step(OptimizerKey key) const {
+  const auto it = last_step_.find(key);
+  return it != last_step_.end() ? &it->second : nullptr;
 }
 
 void DeviceTally::reset(int64_t streak) {
-  tally_ = at::Tensor();
   streak_at_reset_ = streak;
+  if (tally_.defined()) {
+    tally_.zero_();
+    tally_.select(0, kOverflowStreak).fill_(streak);
+  }
   updates_ = 0;
-  last_skipped_.clear();
+  counted_ = false;
+  last_update_here_ = false;
+  last_step_.clear();
 }
 
 }  // namespace detail

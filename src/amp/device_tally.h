@@ -4,20 +4,30 @@
 // Internal: the outcome counters of graph_safe mode, counted on the device.
 //
 // NOTE: [Counting on the device]
-// In graph_safe mode step() and update() never read a flag, and a CUDA graph replays
-// them without running any host code at all, so the host cannot count what they did.
-// Instead each graph_safe step() and update() queues a few tensor ops that advance an
-// int64 tally on the scale's device (they are captured and replayed with the step), and
-// each step() copies its optimizer's flag into a tensor kept for that optimizer. The
-// tally and the flags are read when asked for (counters(), step_skipped()), never inside
-// step() or update(). Both are made by the first graph_safe step() or update(), which
-// must therefore run eagerly (inside a capture their zero fill would become part of the
-// graph and reset them on every replay); the fused optimizers refuse a captured first
-// step for the same reason.
+// A step() or update() that runs from a CUDA graph runs no host code at all, so the host
+// cannot count what it did: graph_safe mode, and any step() or update() being captured
+// in a CUDA graph, never read a flag. Instead each such step() and update() queues a few
+// tensor ops that advance an int64 tally on the scale's device (they are captured and
+// replayed with the step), and each step() copies its optimizer's flag into a tensor kept
+// for that optimizer. The tally and the flags are read when asked for (counters(),
+// step_skipped()), never inside step() or update(). The tally is made with the scale, by
+// the first scale(), which a capture follows (CUDA graphs need warm-up iterations): made
+// inside a capture, its zero fill would become part of the graph and reset it on every
+// replay; the fused optimizers refuse a captured first step for the same reason.
 //
 // What an update did is decided from the trackers as they were before it, by the rule
 // every backend follows (scale_rule.h): a clean update grows when the growth tracker
 // completes growth_interval; an overflowing one backs off unless hysteresis absorbs it.
+// The overflow streak: once anything was counted here, every update() advances the tally's
+// streak, those the host counts too (two small ops, queued, never read), so the tally holds
+// the true streak from then on. The first update counted here starts from the tally's
+// streak as it was made (0, or a loaded checkpoint's), not from overflowing updates the host
+// counted before it. When the host counts again after updates counted here, it takes the
+// trackers and the streak from the device (one read, at that change only).
+//
+// Which step was the last of an optimizer is decided by iteration (the host's count of
+// update() calls when it ran): a flag from before a capture that lands after the replays
+// does not replace what the replays counted.
 
 #include <lucid/amp/diagnostics.h>
 #include <lucid/amp/grad_scaler_options.h>
@@ -32,24 +42,38 @@ namespace detail {
 
 class DeviceTally {
  public:
-  // A graph_safe step of the optimizer with key `key` ran (or was skipped on the device)
-  // with the overflow flag `found_inf` (float32, 0-dim, on the scale's device; undefined:
-  // clean).
-  void note_step(OptimizerKey key, const at::Tensor& found_inf, const at::Device& device);
-  // A graph_safe update() with the combined flag `found_inf` is about to advance the
+  // Makes the tally on `device` (the scale's), eagerly, before anything is counted on it.
+  void place(const at::Device& device);
+  // A step of the optimizer with key `key`, counted here in iteration `iteration`, ran (or
+  // was skipped on the device) with the overflow flag `found_inf` (float32, 0-dim, on the
+  // scale's device; undefined: clean).
+  void note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration);
+  // An update() counted here, with the combined flag `found_inf`, is about to advance the
   // schedule, whose trackers are still those before it (`overflow_tracker` undefined: 0).
   void note_update(const at::Tensor& found_inf, const at::Tensor& growth_tracker,
                    const at::Tensor& overflow_tracker, const GradScalerOptions& options);
 
+  // An update() with the combined flag `found_inf` was counted by the host, not here.
+  void note_host_update(const at::Tensor& found_inf);
+  // Whether the last update() was counted here.
+  bool last_update_here() const { return last_update_here_; }
+  // The overflow streak the tally holds (one read).
+  int64_t streak() const;
+
   // Adds what was counted on the device to the host's `counters` (one read; nothing when
   // nothing was counted), whose `updates` already holds the update() calls the host ran.
   void add_to(ScalerCounters& counters) const;
-  // Whether a step of `key` was counted here; then *skipped is whether the last one was
-  // skipped (one read).
-  bool last_step(OptimizerKey key, bool* skipped) const;
+  // The last step of an optimizer counted here.
+  struct Step {
+    at::Tensor skipped;  // bool, 0-dim
+    int64_t iteration = 0;
+  };
+  // The last step of `key` counted here, or null (no read).
+  const Step* last_step(OptimizerKey key) const;
   // Updates counted so far (host count: no read).
   int64_t updates() const { return updates_; }
-  // Forgets what was counted; a loaded checkpoint's streak continues from `streak`.
+  // Forgets what was counted (zeroing the tally where it is); a loaded checkpoint's streak
+  // continues from `streak`.
   void reset(int64_t streak);
 
  private:
@@ -63,12 +87,12 @@ class DeviceTally {
     kOverflowStreak,
     kFieldCount,
   };
-  void ensure_(const at::Device& device);
-
   at::Tensor tally_;  // int64, kFieldCount entries, on the scale's device
   int64_t streak_at_reset_ = 0;
-  int64_t updates_ = 0;  // note_update calls since the last reset (host count)
-  std::unordered_map<OptimizerKey, at::Tensor> last_skipped_;  // bool, 0-dim, per optimizer
+  int64_t updates_ = 0;   // note_update calls since the last reset (host count)
+  bool counted_ = false;  // whether anything was queued on the tally since the last reset
+  bool last_update_here_ = false;
+  std::unordered_map<OptimizerKey, Step> last_step_;
 };
 
 }  // namespace detail

@@ -3,6 +3,7 @@
 
 #include "amp/scaler_core.h"
 
+#include "common/device_kernels.h"
 #include "common/plain_tensor.h"
 
 #include <lucid/amp/clip_grad.h>
@@ -123,6 +124,7 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   TORCH_CHECK(outputs.defined(), "GradScaler::scale got an undefined tensor.");
   schedule_.place(outputs.device());
   const at::Tensor& scale = schedule_.scale();
+  diagnostics_.tally().place(scale.device());
   const at::ScalarType dtype = at::promote_types(outputs.scalar_type(), at::kFloat);
   // A CPU scale multiplies a tensor on any device as a scalar; a device scale meeting
   // outputs on another device (a model split over devices) is copied over.
@@ -233,10 +235,17 @@ bool ScalerCore::step(const OptimizerView& view) {
                 "instead.");
   }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
-  TORCH_CHECK(scaler_aware || !options().graph_safe(),
-              "GradScaler in graph_safe mode skips steps on the device, which only scaler-aware "
-              "optimizers (lucid::optim's FusedSGD, FusedAdam, FusedAdamW) can do; use one of "
-              "them, or turn graph_safe off.");
+  if (!scaler_aware && counts_on_device()) {
+    const bool graph_safe = options().graph_safe();
+    TORCH_CHECK(false, "GradScaler::step: ",
+                graph_safe ? "in graph_safe mode" : "in a step captured in a CUDA graph",
+                " the scaler skips steps on the device, which only optimizers that take the "
+                "overflow flag can do (lucid::optim's FusedSGD, FusedAdam, FusedAdamW; from "
+                "Python also PyTorch's fused optimizers); this optimizer's step would need the "
+                "host to read the flag. Use one of them, or ",
+                graph_safe ? "turn graph_safe off" : "run this step outside the capture",
+                ". Nothing was changed.");
+  }
   if (scaler_aware) {
     return step_scaler_aware(view, record);
   }
@@ -273,10 +282,10 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
   view.set_grad_scaling(scale_for_optimizer, record.found_inf);
   view.step();
   record.stage = OptimizerStage::kStepped;
-  if (options().graph_safe()) {
+  if (counts_on_device()) {
     // The host never learns here whether the step was skipped: the flag stays unread and
     // the device counts the outcome (NOTE: [Counting on the device]).
-    diagnostics_.tally().note_step(view.key, record.found_inf, schedule_.scale().device());
+    diagnostics_.note_device_step(view.key, record.found_inf);
     return true;
   }
   // The device skipped the step or not; the host learns which when the flag's copy has
@@ -370,8 +379,13 @@ void ScalerCore::update(std::optional<double> new_scale) {
     return;
   }
   check_scaled("update");
+  // Under a capture the host reads nothing: this iteration's steps were counted on the
+  // device, and what earlier ones left is read after it.
+  const bool capturing = ::lucid::capturing(schedule_.scale().device());
   if (new_scale.has_value()) {
-    resolve_outcomes();
+    if (!capturing) {
+      resolve_outcomes();
+    }
     const float value = checked_scale(*new_scale, "update(new_scale)");
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
@@ -382,7 +396,9 @@ void ScalerCore::update(std::optional<double> new_scale) {
   // No growth without evidence: an iteration in which no optimizer's gradients were
   // checked says nothing about the scale (PyTorch raises here; strict_inf_checks does too).
   if (!records_.any_checked()) {
-    resolve_outcomes();
+    if (!capturing) {
+      resolve_outcomes();
+    }
     TORCH_CHECK(!options().strict_inf_checks(),
                 "No inf checks were recorded prior to update(): no optimizer had a gradient "
                 "since the last update(). Nothing was changed. Call step(optimizer) after "
@@ -404,6 +420,18 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
   const GradScalerOptions& opts = options();
   const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
                               static_cast<bool>(diagnostics_.backoff_callback());
+  TORCH_CHECK(!decide_on_host || !::lucid::capturing(schedule_.scale().device()),
+              "GradScaler::update is being captured in a CUDA graph, but min_scale, "
+              "max_overflow_streak or a backoff callback is set: each needs the host to learn "
+              "whether an update backs off, which a replayed update cannot tell it. Turn them "
+              "off for a captured update, or run update() outside the capture. Nothing was "
+              "changed.");
+  const bool count_on_device = !decide_on_host && counts_on_device();
+  if (!count_on_device && diagnostics_.tally().last_update_here()) {
+    const ScalerSnapshot device_state = schedule_.snapshot();
+    diagnostics_.resume_host_counting(device_state.growth_tracker, device_state.overflow_tracker,
+                                      opts);
+  }
   if (decide_on_host) {
     resolve_outcomes();
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
@@ -422,7 +450,6 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
     if (decide_on_host && found) {
       check_overflow_streak();
     }
-    const bool count_on_device = opts.graph_safe() && !decide_on_host;
     if (count_on_device) {
       // Before advance(): the outcome is decided from the trackers before the update.
       diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
@@ -441,6 +468,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
     }
     schedule_.advance(found_inf);
     if (!count_on_device) {
+      diagnostics_.tally().note_host_update(found_inf);
       diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step),
                                         opts);
     }
@@ -468,6 +496,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
                 "the scale there with min_scale_policy(MinScalePolicy::kClamp).");
   }
   schedule_.commit(proposal);
+  diagnostics_.tally().note_host_update(found_inf);
   diagnostics_.note_schedule_update(/*found=*/true, {}, PendingFlagRead(), opts);
 
   BackoffEvent event;
@@ -477,6 +506,10 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
   event.overflow_streak = counters.overflow_streak;
   event.report = diagnostics_.current_overflow();
   return event;
+}
+
+bool ScalerCore::counts_on_device() const {
+  return options().graph_safe() || ::lucid::capturing(schedule_.scale().device());
 }
 
 void ScalerCore::check_scaled(const char* call) const {

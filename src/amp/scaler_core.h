@@ -87,6 +87,10 @@ class ScalerCore {
   // update(), before the schedule moves: reads the flags whose copy has landed and
   // returns the others, to be counted when they land; *found: whether one it read was set.
   std::vector<ScalerDiagnostics::LateFlag> read_landed_flags(bool* found);
+  // Whether step() and update() leave the outcome on the device, counted there (NOTE:
+  // [Counting on the device]): in graph_safe mode, and while the scale's device is being
+  // captured into a CUDA graph. Needs the scale.
+  bool counts_on_device() const;
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
   void check_scaled(const char* call) const;
   std::optional<BackoffEvent> update_on_device();

@@ -116,13 +116,16 @@ std::vector<NonFiniteGradient> non_finite_gradients(
 
 }  // namespace
 
-void ScalerDiagnostics::note_step(OptimizerKey key, bool skipped) {
+void ScalerDiagnostics::note_step(OptimizerKey key, bool skipped, int64_t iteration) {
   if (skipped) {
     ++counters_.steps_skipped;
   } else {
     ++counters_.steps_taken;
   }
-  last_step_skipped_[key] = skipped;
+  LastStep& last = last_step_[key];
+  if (iteration >= last.iteration) {
+    last = {skipped, iteration};
+  }
 }
 
 const OverflowReport* ScalerDiagnostics::current_overflow() const {
@@ -177,7 +180,7 @@ void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options, bool w
     for (const LateFlag& late : p.late) {
       const bool set = late.flag.value() != 0.0f;
       if (late.stepped) {
-        note_step(late.key, set);
+        note_step(late.key, set, p.iteration);
       }
       if (set) {
         note_overflow(nullptr, static_cast<double>(p.scale.value()), p.iteration);
@@ -230,6 +233,14 @@ ScalerCounters ScalerDiagnostics::all_counters(const GradScalerOptions& options)
   return all;
 }
 
+void ScalerDiagnostics::resume_host_counting(int64_t growth_tracker, int64_t overflow_tracker,
+                                             const GradScalerOptions& options) {
+  resolve_pending(options, /*wait=*/true);  // updates queued before the device counted
+  growth_tracker_ = static_cast<int32_t>(growth_tracker);
+  overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
+  counters_.overflow_streak = tally_.streak();
+}
+
 void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
                               const ScalerCounters* counters) {
   growth_tracker_ = static_cast<int32_t>(growth_tracker);
@@ -243,12 +254,14 @@ void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
 }
 
 bool ScalerDiagnostics::step_skipped(OptimizerKey key) const {
-  bool skipped = false;
-  if (tally_.last_step(key, &skipped)) {
-    return skipped;
+  // The newer of what the host learnt and what the device counted.
+  const auto host = last_step_.find(key);
+  const DeviceTally::Step* device = tally_.last_step(key);
+  if (device != nullptr &&
+      (host == last_step_.end() || device->iteration >= host->second.iteration)) {
+    return device->skipped.item<bool>();
   }
-  const auto it = last_step_skipped_.find(key);
-  return it != last_step_skipped_.end() && it->second;
+  return host != last_step_.end() && host->second.skipped;
 }
 
 std::string ScalerDiagnostics::name_of(const at::Tensor& param) const {

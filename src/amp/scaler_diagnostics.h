@@ -31,8 +31,9 @@
 //   kMaxPendingUpdates queued. The streak warning comes when its update is counted.
 // - With min_scale, max_overflow_streak or a backoff callback, update() reads the unread
 //   flags itself (NOTE: [Guards]), so nothing is queued.
-// - graph_safe mode counts steps and schedule updates on the device instead (NOTE:
-//   [Counting on the device] in device_tally.h); all_counters() adds that tally.
+// - graph_safe mode, and a step() or update() captured in a CUDA graph, count steps and
+//   schedule updates on the device instead (NOTE: [Counting on the device] in
+//   device_tally.h); all_counters() adds that tally.
 
 #include <lucid/amp/diagnostics.h>
 #include <lucid/amp/grad_scaler_options.h>
@@ -55,8 +56,13 @@ namespace detail {
 
 class ScalerDiagnostics {
  public:
-  // A step() decided whether it skipped the optimizer with key `key`.
-  void note_step(OptimizerKey key, bool skipped);
+  // A step() of this iteration decided whether it skipped the optimizer with key `key`.
+  void note_step(OptimizerKey key, bool skipped) { note_step(key, skipped, counters_.updates); }
+  // A step() of this iteration left its outcome on the device, counted there (NOTE:
+  // [Counting on the device]): `found_inf` is its flag.
+  void note_device_step(OptimizerKey key, const at::Tensor& found_inf) {
+    tally_.note_step(key, found_inf, counters_.updates);
+  }
   // The host learnt that an optimizer overflowed in this iteration; `view` lists its
   // gradients, or is null where they are not to be inspected (an optimizer that was only
   // unscale_'d may be gone at update()). `scale` is the scale the gradients were divided
@@ -92,8 +98,14 @@ class ScalerDiagnostics {
   // A backoff held the scale at min_scale (counted once the update is resolved).
   void note_min_scale_hold() { ++counters_.min_scale_holds; }
 
-  // graph_safe mode counts on the device (NOTE: [Counting on the device]).
+  // What graph_safe mode and captured calls count on the device (NOTE: [Counting on the
+  // device]).
   DeviceTally& tally() { return tally_; }
+  // The host counts updates again after some were counted on the device: it counts what
+  // it queued before them, then continues from the device's trackers (`growth_tracker`,
+  // `overflow_tracker`, read by the caller) and streak (one read).
+  void resume_host_counting(int64_t growth_tracker, int64_t overflow_tracker,
+                            const GradScalerOptions& options);
 
   // The counters as of the last resolved update (without the device tally).
   const ScalerCounters& counters() const { return counters_; }
@@ -129,6 +141,8 @@ class ScalerDiagnostics {
     std::string name;
   };
   void note_overflow(const OptimizerView* view, double scale, int64_t iteration);
+  // The step of `key` in iteration `iteration` (a late flag's is older than this one).
+  void note_step(OptimizerKey key, bool skipped, int64_t iteration);
   // Counts one update whose every flag the host has read.
   void count_update(bool found, const GradScalerOptions& options);
   // Warns (TORCH_WARN) when an overflow streak reaches options.overflow_warning_streak.
@@ -140,7 +154,11 @@ class ScalerDiagnostics {
   int32_t growth_tracker_ = 0;
   int32_t overflow_tracker_ = 0;
   std::vector<Pending> pending_;  // in update order
-  std::unordered_map<OptimizerKey, bool> last_step_skipped_;
+  struct LastStep {
+    bool skipped = false;
+    int64_t iteration = 0;
+  };
+  std::unordered_map<OptimizerKey, LastStep> last_step_;  // as the host learnt it
   std::optional<OverflowReport> last_overflow_;
   BackoffCallback on_backoff_;
   std::unordered_map<const c10::TensorImpl*, Name> names_;

@@ -4,6 +4,10 @@
 #include "amp/backend.h"
 #include "optim/fused_backend.h"
 
+#ifdef LUCID_AMP_WITH_CUDA
+#include "cuda_common/stream_capture.h"
+#endif
+
 #include <array>
 
 namespace lucid {
@@ -17,11 +21,13 @@ using Registry = std::array<DeviceKernels, static_cast<size_t>(c10::COMPILE_TIME
 // are compiled only against a CUDA LibTorch.
 Registry make_registry() {
   Registry registry{};
+  // Nothing queued for the CPU is ever captured into a CUDA graph.
   registry[static_cast<size_t>(c10::DeviceType::CPU)] = {&amp::cpu::amp_backend(),
-                                                         &optim::cpu::fused_backend()};
+                                                         &optim::cpu::fused_backend(), nullptr};
 #ifdef LUCID_AMP_WITH_CUDA
   registry[static_cast<size_t>(c10::DeviceType::CUDA)] = {&amp::cuda::amp_backend(),
-                                                          &optim::cuda::fused_backend()};
+                                                          &optim::cuda::fused_backend(),
+                                                          cuda_common::current_stream_capturing};
 #endif
   return registry;
 }

@@ -39,9 +39,6 @@ struct FusedOptimBackend {
   // One SGD step; lists in SgdList order, step counters last. Args as above.
   void (*sgd_)(const std::vector<std::vector<at::Tensor>>& lists, const SgdHyper& hyper,
                const at::Tensor& scale, const at::Tensor& found_inf);
-
-  // Whether work queued now for `device` is being captured into a CUDA graph.
-  bool (*capturing_)(const at::Device& device);
 };
 
 }  // namespace detail

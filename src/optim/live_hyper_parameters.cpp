@@ -40,8 +40,7 @@ class DeviceHyperCopies {
 
   const at::Tensor& on(const c10::Device& device,
                        const std::array<double, LiveSlot::kCount>& values) {
-    const FusedOptimBackend* table = device_kernels(device.type()).optim;
-    const bool capturing = table != nullptr && table->capturing_(device);
+    const bool capturing = ::lucid::capturing(device);
     Copy* copy = find(device);
     if (copy == nullptr) {
       TORCH_CHECK(!capturing, "A fused optimizer's first step on ", device,

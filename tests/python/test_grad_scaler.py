@@ -1137,3 +1137,79 @@ def test_step_and_update_with_a_device_skipping_optimizer_wait_for_nothing_queue
     if which == "lucid_amp":
         counters = scaler.counters()
         assert (counters.steps_taken, counters.steps_skipped, counters.backoffs) == (2, 1, 1)
+
+
+_CAPTURE_AND_REPLAY = """
+import math, torch, lucid_amp, lucid_amp.optim
+
+def make(optimizer, which, params):
+    opt = (lucid_amp.optim.FusedAdamW(params, lr=1e-2) if optimizer == "lucid_amp"
+           else torch.optim.AdamW(params, lr=1e-2, fused=True, capturable=True))
+    scaler = (lucid_amp.GradScaler("cuda", init_scale=1024.0, growth_interval=1000)
+              if which == "lucid_amp" else
+              torch.amp.GradScaler("cuda", init_scale=1024.0, growth_interval=1000))
+    return opt, scaler
+
+torch.manual_seed(0)
+start = torch.randn(64, 64, device="cuda")
+weight = torch.nn.Parameter(start.clone())
+twin = torch.nn.Parameter(start.clone())
+opt, scaler = make(OPTIMIZER, WHICH, [weight])
+twin_opt, twin_scaler = make(OPTIMIZER, WHICH, [twin])
+x = torch.randn(8, 64, device="cuda")
+clean = x.clone()
+
+def train_step(w, o, s):
+    o.zero_grad(set_to_none=False)
+    s.scale((x @ w).pow(2).mean()).backward()
+    s.step(o)
+    s.update()
+
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(3):
+        train_step(weight, opt, scaler)
+        train_step(twin, twin_opt, twin_scaler)
+torch.cuda.current_stream().wait_stream(side)
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    train_step(weight, opt, scaler)
+for bad in (False, True, False):
+    x.copy_(clean)
+    if bad:
+        x[0, 0] = math.inf
+    before = weight.detach().clone()
+    graph.replay()
+    train_step(twin, twin_opt, twin_scaler)
+    torch.cuda.synchronize()
+    assert torch.equal(weight.detach(), before) == bad, "a replay skips exactly on overflow"
+    torch.testing.assert_close(weight.detach(), twin.detach())
+    assert scaler.get_scale() == twin_scaler.get_scale()
+    if WHICH == "lucid_amp":
+        assert scaler.step_skipped(opt) == bad
+assert scaler.get_scale() == 512.0
+if WHICH == "lucid_amp":
+    c = scaler.counters()
+    assert (c.steps_taken, c.steps_skipped, c.updates, c.backoffs) == (5, 1, 6, 1), c
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("which", ["lucid_amp", "torch"])
+@pytest.mark.parametrize("optimizer", ["lucid_amp", "torch"])
+def test_a_default_mode_step_and_update_captured_in_a_cuda_graph_replay_like_eager(which,
+                                                                                   optimizer):
+    """A whole training step with an optimizer that skips on the device, captured once in
+    a CUDA graph with the scaler's defaults, replays like the same step run eagerly: an
+    overflowing replay skips and backs off, and the counters count the replays. In a child
+    process: a capture that fails leaves the CUDA context unusable."""
+    import os
+    import subprocess
+    import sys
+    code = f"WHICH = {which!r}\nOPTIMIZER = {optimizer!r}\n" + _CAPTURE_AND_REPLAY
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]

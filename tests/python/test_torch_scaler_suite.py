@@ -713,15 +713,6 @@ def _run_in_child(impl, body):
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-_NOT_CAPTURABLE = pytest.mark.xfail(
-    strict=True,
-    reason="lucid's update() is not capturable yet: it reads the scaler's state on the host; "
-    "the device-state work makes it capturable",
-)
-GRAPH_IMPLS = [pytest.param("torch", id="torch"),
-               pytest.param("lucid", id="lucid", marks=_NOT_CAPTURABLE)]
-
-
 # Only scale() and the backward are captured; step() and update() run eagerly.
 @pytest.mark.parametrize("graph_impl", ["torch", "lucid"])
 def test_graph_grad_scaling(graph_impl, device):
@@ -730,7 +721,7 @@ def test_graph_grad_scaling(graph_impl, device):
     _run_in_child(graph_impl, _GRAPH_GRAD_SCALING)
 
 
-@pytest.mark.parametrize("graph_impl", GRAPH_IMPLS)
+@pytest.mark.parametrize("graph_impl", ["torch", "lucid"])
 def test_graph_scaling_fused_optimizers(graph_impl, device):
     if device != "cuda":
         pytest.skip("needs CUDA")

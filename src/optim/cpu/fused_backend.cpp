@@ -35,13 +35,10 @@ void table_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const detail:
   }
 }
 
-// Nothing queued for the CPU is ever captured into a CUDA graph.
-bool capturing(const at::Device& /*device*/) { return false; }
-
 }  // namespace
 
 const detail::FusedOptimBackend& fused_backend() {
-  static const detail::FusedOptimBackend table{"cpu", table_adam_, table_sgd_, capturing};
+  static const detail::FusedOptimBackend table{"cpu", table_adam_, table_sgd_};
   return table;
 }
 

@@ -5,7 +5,6 @@
 // CUDA LibTorch.
 
 #include "optim/fused_backend.h"
-#include "cuda_common/stream_capture.h"
 #include "cuda_common/table_cache.h"
 #include "optim/cuda/fused_kernels.h"
 
@@ -60,8 +59,7 @@ void table_sgd_(const std::vector<std::vector<at::Tensor>>& lists, const SgdHype
 }  // namespace
 
 const detail::FusedOptimBackend& fused_backend() {
-  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_,
-                                               cuda_common::current_stream_capturing};
+  static const detail::FusedOptimBackend table{"cuda", table_adam_, table_sgd_};
   return table;
 }
 
