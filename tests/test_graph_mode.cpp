@@ -18,6 +18,8 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -130,45 +132,75 @@ TEST(GraphSafeCpu, LoadingAStateDictFoldsTheDeviceTallyIntoTheCountersAndCountin
   EXPECT_EQ(graph.scaler->counters().updates, 20);
 }
 
-// A backoff callback set mid-run makes the host decide each update again: it continues
-// from the trackers and streak the device counted, so its backoffs, growths and events are
-// those of a run the host counted throughout. Set at `switch_at`, the first iteration the
-// host decides.
-void expect_a_callback_set_mid_run_to_continue_from_the_device(int switch_at) {
+// A backoff callback makes the host decide each update; unset, graph_safe mode counts on
+// the device again. Switching either way, the host continues from the trackers and streak
+// the device counted, so counters, scale, step_skipped and the callback's events are those
+// of an eager run. Iteration i overflows when overflows(i); the callback is set from the
+// iterations where callback_on(i) turns true, and unset where it turns false.
+void expect_callback_switches_to_count_like_eager(int iterations,
+                                                  const std::function<bool(int)>& overflows,
+                                                  const std::function<bool(int)>& callback_on) {
   Trainer eager(torch::kCPU, /*graph_safe=*/false, /*adam=*/false);
   Trainer graph(torch::kCPU, /*graph_safe=*/true, /*adam=*/false);
   using Event = std::tuple<int64_t, double, double, int64_t>;
   std::vector<Event> eager_events, graph_events;
+  const auto record_into = [](std::vector<Event>& events) {
+    return [&events](const BackoffEvent& e) {
+      events.emplace_back(e.iteration, e.old_scale, e.new_scale, e.overflow_streak);
+    };
+  };
   const torch::Tensor clean_x = eager.x.clone();
-  for (int i = 0; i < 50; ++i) {
-    if (i == switch_at) {
-      eager.scaler->set_backoff_callback([&eager_events](const BackoffEvent& e) {
-        eager_events.emplace_back(e.iteration, e.old_scale, e.new_scale, e.overflow_streak);
-      });
-      graph.scaler->set_backoff_callback([&graph_events](const BackoffEvent& e) {
-        graph_events.emplace_back(e.iteration, e.old_scale, e.new_scale, e.overflow_streak);
-      });
+  bool on = false;
+  for (int i = 0; i < iterations; ++i) {
+    if (callback_on(i) != on) {
+      on = !on;
+      eager.scaler->set_backoff_callback(on ? record_into(eager_events)
+                                            : lucid::amp::BackoffCallback());
+      graph.scaler->set_backoff_callback(on ? record_into(graph_events)
+                                            : lucid::amp::BackoffCallback());
     }
     for (Trainer* t : {&eager, &graph}) {
-      t->x.copy_(overflows_at(i) ? t->bad_x : clean_x);
+      t->x.copy_(overflows(i) ? t->bad_x : clean_x);
       t->iterate();
     }
     ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters()))
         << "iteration " << i;
-    ASSERT_EQ(graph.scaler->step_skipped(*graph.optimizer), overflows_at(i)) << "iteration " << i;
+    ASSERT_EQ(graph.scaler->step_skipped(*graph.optimizer), overflows(i)) << "iteration " << i;
     ASSERT_EQ(graph.scaler->get_scale(), eager.scaler->get_scale()) << "iteration " << i;
   }
-  EXPECT_FALSE(eager_events.empty());
   EXPECT_EQ(graph_events, eager_events);
 }
 
 TEST(GraphSafeCpu, ABackoffCallbackSetMidGrowthIntervalContinuesFromTheDeviceTrackers) {
-  expect_a_callback_set_mid_run_to_continue_from_the_device(/*switch_at=*/22);
+  expect_callback_switches_to_count_like_eager(50, overflows_at, [](int i) { return i >= 22; });
 }
 
 TEST(GraphSafeCpu, ABackoffCallbackSetMidOverflowStreakContinuesFromTheDeviceStreak) {
   // Iteration 40 overflowed, counted on the device, and hysteresis absorbed it: 41 backs off.
-  expect_a_callback_set_mid_run_to_continue_from_the_device(/*switch_at=*/41);
+  expect_callback_switches_to_count_like_eager(50, overflows_at, [](int i) { return i >= 41; });
+}
+
+TEST(GraphSafeCpu, RandomOverflowsAndCallbackSwitchesCountLikeEager) {
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    std::bernoulli_distribution overflow(0.3), flip(0.15);
+    std::vector<bool> overflows(60), callback_on(60);
+    // Off at first: the first update counted on the device starts the streak from the
+    // tally's, not from the host's (NOTE: [Counting on the device]).
+    bool on = false;
+    for (size_t i = 0; i < overflows.size(); ++i) {
+      overflows[i] = overflow(rng);
+      on = i > 0 && flip(rng) ? !on : on;
+      callback_on[i] = on;
+    }
+    expect_callback_switches_to_count_like_eager(
+        60, [&](int i) { return static_cast<bool>(overflows[i]); },
+        [&](int i) { return static_cast<bool>(callback_on[i]); });
+    if (HasFatalFailure()) {
+      return;
+    }
+  }
 }
 
 TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {
