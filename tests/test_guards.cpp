@@ -8,6 +8,7 @@
 #include "amp/cpu/amp_kernels.h"
 #include "amp/backend.h"
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -417,9 +418,10 @@ TEST(GuardMinScale, WithoutTheGuardTheScaleKeepsFalling) {
 }
 
 // ---------------------------------------------------------------------------------------
-// The kernels: CPU twin, routed CPU tensors and the generic ATen ops agree.
+// The kernels: CPU twin, routed CPU tensors and the generic ATen ops agree, and so do the
+// counts each adds of what its updates did.
 
-TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
+TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
     const int64_t interval = 1 + rng() % 4;
@@ -431,25 +433,34 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneSchedule) {
     rule.refill_on_clean = trial % 2 == 1;
     rule.max_scale = static_cast<float>(max_scale);
     lucid::amp::detail::ScaleState model{256.0f, 0, 0};
+    std::array<int64_t, lucid::amp::detail::kUpdateCountFields> model_counts{};
     auto make = [] {
-      return std::vector<at::Tensor>{at::full({}, 256.0f), at::zeros({}, at::kInt),
-                                     at::zeros({}, at::kInt)};
+      return std::vector<at::Tensor>{
+          at::full({}, 256.0f), at::zeros({}, at::kInt), at::zeros({}, at::kInt),
+          at::zeros({lucid::amp::detail::kUpdateCountFields}, at::kLong)};
     };
     auto routed = make();
     auto generic = make();
     for (int i = 0; i < 60; ++i) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
-      model = lucid::amp::detail::next_scale_state(model, found, rule);
-      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule);
+      lucid::amp::detail::ScaleEvent event;
+      model = lucid::amp::detail::next_scale_state(model, found, rule, &event);
+      lucid::amp::detail::count_update(model_counts.data(), found, event);
+      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule, routed[3]);
       lucid::amp::generic::amp_backend().update_scale_(generic[0], generic[1], generic[2], flag,
-                                                       rule);
+                                                       rule, generic[3]);
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
         ASSERT_EQ((*t)[2].item<int32_t>(), model.overflow_tracker) << "trial " << trial;
+        for (int f = 0; f < lucid::amp::detail::kUpdateCountFields; ++f) {
+          ASSERT_EQ((*t)[3][f].item<int64_t>(), model_counts[f])
+              << "count " << f << ", trial " << trial << " step " << i;
+        }
       }
     }
+    EXPECT_EQ(model_counts[lucid::amp::detail::kCountUpdates], 60);
   }
 }
 

@@ -58,8 +58,11 @@ struct AmpBackend {
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
   // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
   // `scale`; undefined only where `rule` holds hysteresis at 1 (it would stay 0).
+  // counts: int64, detail::kUpdateCountFields entries beside `scale`, advanced in place by
+  // detail::count_update; undefined: the update is not counted.
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                        const at::Tensor& found_inf, const detail::ScaleRule& rule);
+                        const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                        const at::Tensor& counts);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
   // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not

@@ -30,23 +30,12 @@ void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf, int64
   last.iteration = iteration;
 }
 
-void DeviceTally::note_update(const at::Tensor& found_inf, const at::Tensor& growth_tracker,
-                              const at::Tensor& overflow_tracker,
-                              const GradScalerOptions& options) {
+at::Tensor DeviceTally::update_counts() {
   TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
   counted_ = true;
   last_update_here_ = true;
   ++updates_;
-  const at::Tensor found = found_inf.ne(0);
-  const at::Tensor grows =
-      found.logical_not().logical_and(growth_tracker.eq(options.growth_interval() - 1));
-  // Hysteresis absorbs an overflow while fewer than hysteresis - 1 were absorbed before.
-  const int64_t absorbs = options.hysteresis() - 1;
-  const at::Tensor backs = overflow_tracker.defined()
-                               ? found.logical_and(overflow_tracker.ge(absorbs))
-                               : (absorbs <= 0 ? found : at::zeros_like(found));
-  tally_.narrow(0, kUpdates, 4).add_(at::stack({at::ones_like(found), found, backs, grows}));
-  tally_.select(0, kOverflowStreak).add_(1).mul_(found);
+  return tally_.narrow(0, kUpdateCounts, detail::kUpdateCountFields);
 }
 
 void DeviceTally::note_host_update(const at::Tensor& found_inf) {
@@ -66,13 +55,14 @@ void DeviceTally::add_to(ScalerCounters& counters) const {
   }
   const at::Tensor host = tally_.to(at::kCPU);
   const int64_t* t = host.data_ptr<int64_t>();
+  const int64_t* u = t + kUpdateCounts;
   counters.steps_taken += t[kStepsTaken];
   counters.steps_skipped += t[kStepsSkipped];
   // The host counted each update() call it ran; the device also counts the replays.
-  counters.updates += t[kUpdates] - updates_;
-  counters.overflow_updates += t[kOverflowUpdates];
-  counters.backoffs += t[kBackoffs];
-  counters.growths += t[kGrowths];
+  counters.updates += u[detail::kCountUpdates] - updates_;
+  counters.overflow_updates += u[detail::kCountOverflowUpdates];
+  counters.backoffs += u[detail::kCountBackoffs];
+  counters.growths += u[detail::kCountGrowths];
   if (last_update_here_) {
     counters.overflow_streak = t[kOverflowStreak];
   }

@@ -6,18 +6,17 @@
 // NOTE: [Counting on the device]
 // A step() or update() that runs from a CUDA graph runs no host code at all, so the host
 // cannot count what it did: graph_safe mode, and any step() or update() being captured
-// in a CUDA graph, never read a flag. Instead each such step() and update() queues a few
-// tensor ops that advance an int64 tally on the scale's device (they are captured and
-// replayed with the step), and each step() copies its optimizer's flag into a tensor kept
-// for that optimizer. The tally and the flags are read when asked for (counters(),
-// step_skipped()), never inside step() or update(). The tally is made with the scale, by
-// the first scale(), which a capture follows (CUDA graphs need warm-up iterations): made
-// inside a capture, its zero fill would become part of the graph and reset it on every
-// replay; the fused optimizers refuse a captured first step for the same reason.
+// in a CUDA graph, never read a flag. Instead an int64 tally on the scale's device counts
+// them, advanced by work queued with them (captured and replayed with the step): each
+// such update()'s scale-update kernel adds what it did (detail::count_update, the rule's
+// own event), each such step() queues a few tensor ops that count its outcome and copy
+// its optimizer's flag into a tensor kept for that optimizer. The tally and the flags are
+// read when asked for (counters(), step_skipped()), never inside step() or update(). The
+// tally is made with the scale, by the first scale(), which a capture follows (CUDA
+// graphs need warm-up iterations): made inside a capture, its zero fill would become part
+// of the graph and reset it on every replay; the fused optimizers refuse a captured first
+// step for the same reason.
 //
-// What an update did is decided from the trackers as they were before it, by the rule
-// every backend follows (scale_rule.h): a clean update grows when the growth tracker
-// completes growth_interval; an overflowing one backs off unless hysteresis absorbs it.
 // The overflow streak: once anything was counted here, every update() advances the tally's
 // streak, those the host counts too (two small ops, queued, never read), so the tally holds
 // the true streak from then on. The first update counted here starts from the tally's
@@ -29,8 +28,9 @@
 // update() calls when it ran): a flag from before a capture that lands after the replays
 // does not replace what the replays counted.
 
+#include "amp/scale_rule.h"
+
 #include <lucid/amp/diagnostics.h>
-#include <lucid/amp/grad_scaler_options.h>
 
 #include <ATen/ATen.h>
 
@@ -48,10 +48,9 @@ class DeviceTally {
   // was skipped on the device) with the overflow flag `found_inf` (float32, 0-dim, on the
   // scale's device; undefined: clean).
   void note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration);
-  // An update() counted here, with the combined flag `found_inf`, is about to advance the
-  // schedule, whose trackers are still those before it (`overflow_tracker` undefined: 0).
-  void note_update(const at::Tensor& found_inf, const at::Tensor& growth_tracker,
-                   const at::Tensor& overflow_tracker, const GradScalerOptions& options);
+  // An update() is counted here: the counters (detail::UpdateCount order) that its
+  // scale update advances (ScaleSchedule::advance).
+  at::Tensor update_counts();
 
   // An update() with the combined flag `found_inf` was counted by the host, not here.
   void note_host_update(const at::Tensor& found_inf);
@@ -77,16 +76,14 @@ class DeviceTally {
   void reset(int64_t streak);
 
  private:
+  // Steps taken and skipped, then the update counts (detail::UpdateCount).
   enum Field : int64_t {
     kStepsTaken,
     kStepsSkipped,
-    kUpdates,
-    kOverflowUpdates,
-    kBackoffs,
-    kGrowths,
-    kOverflowStreak,
-    kFieldCount,
+    kUpdateCounts,
+    kFieldCount = kUpdateCounts + detail::kUpdateCountFields,
   };
+  static constexpr int64_t kOverflowStreak = kUpdateCounts + detail::kCountOverflowStreak;
   at::Tensor tally_;  // int64, kFieldCount entries, on the scale's device
   int64_t streak_at_reset_ = 0;
   int64_t updates_ = 0;   // note_update calls since the last reset (host count)

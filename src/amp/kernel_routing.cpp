@@ -260,11 +260,15 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const ScaleRule& rule) {
+                   const at::Tensor& found_inf, const ScaleRule& rule, const at::Tensor& counts) {
   TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || rule.hysteresis == 1,
                         "a scale update with hysteresis needs the overflow tracker");
+  TORCH_INTERNAL_ASSERT(!counts.defined() ||
+                        (counts.scalar_type() == at::kLong && counts.is_contiguous() &&
+                         counts.numel() == kUpdateCountFields &&
+                         counts.device() == scale.device()));
   backend_for_device(scale.device().type())
-      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule);
+      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, counts);
 }
 
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {

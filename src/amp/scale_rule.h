@@ -126,6 +126,26 @@ LUCID_HOST_DEVICE inline ScaleState next_scale_state(ScaleState state, bool foun
   return next;
 }
 
+// What updates did, counted by the update itself where it runs (NOTE: [Counting on the
+// device] in device_tally.h): int64 entries in this order, advanced by count_update.
+enum UpdateCount : int {
+  kCountUpdates,
+  kCountOverflowUpdates,
+  kCountBackoffs,
+  kCountGrowths,
+  kCountOverflowStreak,  // overflowing updates in a row
+  kUpdateCountFields,
+};
+
+// Adds one update, which saw `found_inf` and did `event`, to `counts`.
+LUCID_HOST_DEVICE inline void count_update(int64_t* counts, bool found_inf, ScaleEvent event) {
+  counts[kCountUpdates] += 1;
+  counts[kCountOverflowUpdates] += found_inf ? 1 : 0;
+  counts[kCountBackoffs] += event == ScaleEvent::kBackoff ? 1 : 0;
+  counts[kCountGrowths] += event == ScaleEvent::kGrowth ? 1 : 0;
+  counts[kCountOverflowStreak] = found_inf ? counts[kCountOverflowStreak] + 1 : 0;
+}
+
 }  // namespace detail
 }  // namespace amp
 }  // namespace lucid

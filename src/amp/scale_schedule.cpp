@@ -59,19 +59,19 @@ void ScaleSchedule::ensure_overflow_tracker() {
 }
 
 void ScaleSchedule::run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
-                                      at::Tensor& overflow_tracker,
-                                      const at::Tensor& found_inf) const {
+                                      at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                                      const at::Tensor& counts) const {
   // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
   at::Tensor unused;
   update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
-                rule_of(options_));
+                rule_of(options_), counts);
 }
 
-void ScaleSchedule::advance(const at::Tensor& found_inf) {
+void ScaleSchedule::advance(const at::Tensor& found_inf, const at::Tensor& counts) {
   if (guarded()) {
     ensure_overflow_tracker();  // a load may have turned hysteresis or max_scale on
   }
-  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf);
+  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf, counts);
 }
 
 ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {

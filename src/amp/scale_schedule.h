@@ -70,8 +70,10 @@ class ScaleSchedule {
   // Whether max_scale or hysteresis change the update (NOTE: [Guards]).
   bool guarded() const;
   // One update on the device tensors, in place, by the overflow flag `found_inf`
-  // (float32, 0-dim, on the scale's device). Reads nothing back.
-  void advance(const at::Tensor& found_inf);
+  // (float32, 0-dim, on the scale's device). Reads nothing back. `counts` (int64,
+  // detail::kUpdateCountFields entries, on the scale's device; undefined: none) are
+  // advanced by what the update did (detail::count_update).
+  void advance(const at::Tensor& found_inf, const at::Tensor& counts = at::Tensor());
 
   // The same update computed into copies, for the host to inspect before commit().
   struct Proposal {
@@ -94,7 +96,8 @@ class ScaleSchedule {
  private:
   void ensure_overflow_tracker();
   void run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
-                         at::Tensor& overflow_tracker, const at::Tensor& found_inf) const;
+                         at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                         const at::Tensor& counts = at::Tensor()) const;
 
   GradScalerOptions options_;
   // Host copies, used until the device tensors exist.

@@ -450,11 +450,6 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
     if (decide_on_host && found) {
       check_overflow_streak();
     }
-    if (count_on_device) {
-      // Before advance(): the outcome is decided from the trackers before the update.
-      diagnostics_.tally().note_update(found_inf, schedule_.growth_tracker(),
-                                       schedule_.overflow_tracker(), opts);
-    }
     // Before the schedule moves: a flag read now is reported with the scale as it is; a
     // flag that lands later, with the copy of that scale queued here.
     bool read_found = false;
@@ -466,7 +461,9 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
         scale_at_step = read_later(schedule_.scale());
       }
     }
-    schedule_.advance(found_inf);
+    // Counted here, the update's own kernel adds what it did to the device tally.
+    schedule_.advance(found_inf,
+                      count_on_device ? diagnostics_.tally().update_counts() : at::Tensor());
     if (!count_on_device) {
       diagnostics_.tally().note_host_update(found_inf);
       diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step),

@@ -137,12 +137,13 @@ void table_clip_factors_(const at::Tensor& partial, NormKind kind, double max_no
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
 void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
                          at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                         const detail::ScaleRule& rule) {
+                         const detail::ScaleRule& rule, const at::Tensor& counts) {
   c10::cuda::CUDAGuard guard(scale.device());
   C10_CUDA_CHECK(launch_update_scale(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr,
-      found_inf.data_ptr<float>(), rule, at::cuda::getCurrentCUDAStream()));
+      found_inf.data_ptr<float>(), rule, counts.defined() ? counts.data_ptr<int64_t>() : nullptr,
+      at::cuda::getCurrentCUDAStream()));
 }
 
 // The flag's copy into pinned memory on the flag's current stream, and an event behind

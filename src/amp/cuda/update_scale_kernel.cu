@@ -12,14 +12,19 @@ namespace {
 
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     int32_t* overflow_tracker, const float* found_inf,
-                                    detail::ScaleRule rule) {
+                                    detail::ScaleRule rule, int64_t* counts) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
-  const detail::ScaleState next = detail::next_scale_state(state, *found_inf != 0.0f, rule);
+  const bool found = *found_inf != 0.0f;
+  detail::ScaleEvent event = detail::ScaleEvent::kNone;
+  const detail::ScaleState next = detail::next_scale_state(state, found, rule, &event);
   *scale = next.scale;
   *growth_tracker = next.growth_tracker;
   if (overflow_tracker != nullptr) {
     *overflow_tracker = next.overflow_tracker;
+  }
+  if (counts != nullptr) {
+    detail::count_update(counts, found, event);
   }
 }
 
@@ -27,9 +32,9 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
 
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 const float* found_inf, const detail::ScaleRule& rule,
-                                cudaStream_t stream) {
-  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf,
-                                           rule);
+                                int64_t* counts, cudaStream_t stream) {
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf, rule,
+                                           counts);
   return cudaGetLastError();
 }
 

@@ -23,10 +23,12 @@ namespace cuda {
 //                     rule's guards are off (it is then taken as 0 and not written).
 //   found_inf:        device pointer to the float32 overflow flag (non-zero: overflow).
 //   rule:             the update's parameters, passed to the kernel by value.
+//   counts:           device pointer to detail::kUpdateCountFields int64 counters that the
+//                     update advances (detail::count_update), or null.
 // All on one device. Returns cudaGetLastError() after the launch.
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 const float* found_inf, const detail::ScaleRule& rule,
-                                cudaStream_t stream);
+                                int64_t* counts, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace amp

@@ -85,7 +85,8 @@ at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const detail::ScaleRule& rule) {
+                   const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                   const at::Tensor& counts) {
   // Same decisions as detail::next_scale_state, written as selects on the device (no host
   // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
   // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
@@ -119,6 +120,11 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
   growth_tracker.copy_(new_tracker);
   if (new_overflow.defined()) {
     overflow_tracker.copy_(new_overflow);
+  }
+  if (counts.defined()) {  // detail::count_update, as selects
+    counts.narrow(0, detail::kCountUpdates, 4)
+        .add_(at::stack({at::ones_like(found), found, backoff, grow}));
+    counts.select(0, detail::kCountOverflowStreak).add_(1).mul_(found);
   }
 }
 
