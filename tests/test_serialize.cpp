@@ -80,6 +80,24 @@ TEST(Checkpoint, RoundTripIsExactAndTheScheduleContinuesIdentically) {
   }
 }
 
+// step_skipped answers for the newest step after a checkpoint of an earlier iteration is
+// loaded: the loaded run counts its iterations from the checkpoint's.
+TEST(Checkpoint, StepSkippedFollowsTheStepsAfterAnEarlierCheckpointIsLoaded) {
+  GradScaler s(GradScalerOptions().init_scale(1024));
+  OneParam p;
+  iterate(s, p, false);
+  const std::string early = save_bytes(s);
+  for (bool o : {false, false, false, true}) {
+    iterate(s, p, o);
+  }
+  ASSERT_TRUE(s.step_skipped(p.optimizer));
+  load_bytes(s, early);
+  iterate(s, p, false);
+  EXPECT_FALSE(s.step_skipped(p.optimizer));
+  iterate(s, p, true);
+  EXPECT_TRUE(s.step_skipped(p.optimizer));
+}
+
 TEST(Checkpoint, ThroughAFileWithTorchSaveAndLoad) {
   const std::string path = ::testing::TempDir() + "lucid_amp_scaler.pt";
   GradScaler source = busy_scaler();

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -247,6 +248,10 @@ void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
   overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
   if (counters != nullptr) {
     counters_ = *counters;
+    // The loaded run counts iterations from its own updates: any later step is newer.
+    for (auto& entry : last_step_) {
+      entry.second.iteration = std::numeric_limits<int64_t>::min();
+    }
   } else {
     tally_.add_to(counters_);  // keep counting: fold the tally into the host counters
   }
