@@ -445,7 +445,8 @@ TEST_F(Cuda, GraphSafeFusedStepAndUpdateNeverSynchronise) {
 // A whole training step (forward, backward, scaled fused step, update) captured once in
 // a CUDA graph and replayed beside an eager twin fed the same inputs: an inf in the
 // static input makes a replay skip on the device and back off, as the eager step does,
-// and the device counts what the replays did.
+// and the device counts what the replays did. The last eager warm-up overflows too, so
+// the overflow streak runs from eager updates into replayed ones.
 void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
   const torch::Device gpu{torch::kCUDA, 0};
   torch::manual_seed(3);
@@ -475,15 +476,20 @@ void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
     s.step(opt);
     s.update();
   };
+  const auto clean_x = static_x.clone();
+  const float inf = std::numeric_limits<float>::infinity();
   auto side = c10::cuda::getStreamFromPool();
   {
     c10::cuda::CUDAStreamGuard guard(side);
     for (int i = 0; i < 3; ++i) {
+      static_x.copy_(clean_x);
+      if (i == 2) static_x[0][0] = inf;
       train_step(model, optimizer, scaler);
       train_step(twin, twin_optimizer, twin_scaler);
     }
   }
   torch::cuda::synchronize();
+  ASSERT_TRUE(scaler.step_skipped(optimizer));
   at::cuda::CUDAGraph graph;
   {
     c10::cuda::CUDAStreamGuard guard(side);
@@ -491,9 +497,7 @@ void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
     train_step(model, optimizer, scaler);
     graph.capture_end();
   }
-  const auto clean_x = static_x.clone();
-  const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<bool> overflows{false, true, false};
+  const std::vector<bool> overflows{true, false, true};
   for (size_t i = 0; i < overflows.size(); ++i) {
     SCOPED_TRACE("replay " + std::to_string(i));
     static_x.copy_(clean_x);
@@ -507,13 +511,15 @@ void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
     EXPECT_TRUE(torch::allclose(model->weight.detach(), twin->weight.detach(), 1e-5, 1e-6));
     EXPECT_EQ(scaler.get_scale(), twin_scaler.get_scale());
     EXPECT_EQ(scaler.step_skipped(optimizer), overflows[i]);
+    // The first replay's overflow follows the last warm-up's: a streak of 2.
+    EXPECT_TRUE(CountersAre(scaler.counters(), twin_scaler.counters()));
   }
-  EXPECT_EQ(scaler.get_scale(), 512.0);
-  // 3 warm-ups and 3 replays, one of which overflowed and backed off: as the twin counted.
-  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 5, /*skipped*/ 1, /*updates*/ 6,
-                                              /*overflow_updates*/ 1, /*backoffs*/ 1,
-                                              /*growths*/ 0, /*streak*/ 0}));
-  EXPECT_TRUE(CountersAre(scaler.counters(), twin_scaler.counters()));
+  EXPECT_EQ(scaler.get_scale(), 128.0);
+  // 3 warm-ups and 3 replays; three overflowed (the last warm-up, replays 0 and 2), each
+  // backing off: as the twin counted.
+  EXPECT_TRUE(CountersAre(scaler.counters(), {/*taken*/ 3, /*skipped*/ 3, /*updates*/ 6,
+                                              /*overflow_updates*/ 3, /*backoffs*/ 3,
+                                              /*growths*/ 0, /*streak*/ 1}));
 }
 
 TEST_F(Cuda, GraphSafeTrainingStepCapturedInACudaGraphReplaysLikeEager) {

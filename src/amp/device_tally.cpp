@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The graph_safe counters (NOTE: [Counting on the device] in device_tally.h).
+// The counters counted on the device (NOTE: [Counting on the device] in device_tally.h).
 
 #include "amp/device_tally.h"
 
@@ -30,23 +30,14 @@ void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf, int64
   last.iteration = iteration;
 }
 
-at::Tensor DeviceTally::update_counts() {
+at::Tensor DeviceTally::update_counts() const {
   TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
-  counted_ = true;
-  last_update_here_ = true;
-  ++updates_;
   return tally_.narrow(0, kUpdateCounts, detail::kUpdateCountFields);
 }
 
-void DeviceTally::note_host_update(const at::Tensor& found_inf) {
-  last_update_here_ = false;
-  if (counted_) {
-    tally_.select(0, kOverflowStreak).add_(1).mul_(found_inf.ne(0));
-  }
-}
-
-int64_t DeviceTally::streak() const {
-  return tally_.defined() ? tally_.select(0, kOverflowStreak).item<int64_t>() : streak_at_reset_;
+void DeviceTally::note_update() {
+  counted_ = true;
+  ++updates_;
 }
 
 void DeviceTally::add_to(ScalerCounters& counters) const {
@@ -63,9 +54,7 @@ void DeviceTally::add_to(ScalerCounters& counters) const {
   counters.overflow_updates += u[detail::kCountOverflowUpdates];
   counters.backoffs += u[detail::kCountBackoffs];
   counters.growths += u[detail::kCountGrowths];
-  if (last_update_here_) {
-    counters.overflow_streak = t[kOverflowStreak];
-  }
+  counters.overflow_streak = t[kOverflowStreak];
 }
 
 const DeviceTally::Step* DeviceTally::last_step(OptimizerKey key) const {
@@ -81,7 +70,6 @@ void DeviceTally::reset(int64_t streak) {
   }
   updates_ = 0;
   counted_ = false;
-  last_update_here_ = false;
   last_step_.clear();
 }
 

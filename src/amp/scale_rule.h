@@ -3,9 +3,8 @@
 
 // The loss-scale schedule as a pure function: one update of the scale and its trackers.
 // Every backend follows it: the CPU kernel and the CUDA kernel both run this very code
-// (it compiles for host and device), the generic path computes the same decisions as
-// tensor ops, and the host mirror that counts backoffs and growths (NOTE: [Diagnostics
-// without host synchronisation]) advances with it too.
+// (it compiles for host and device), and the generic path computes the same decisions as
+// tensor ops. Each of them also counts what the update did (count_update) where it runs.
 
 #include <cfloat>
 #include <cmath>

@@ -74,7 +74,8 @@ void ScaleSchedule::advance(const at::Tensor& found_inf, const at::Tensor& count
   run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf, counts);
 }
 
-ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
+ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
+                                               const at::Tensor& counts) {
   if (guarded()) {
     ensure_overflow_tracker();
   }
@@ -83,8 +84,16 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf) {
   p.scale = scale_.clone();
   p.growth_tracker = growth_tracker_.clone();
   p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
-  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf);
+  p.counts_target = counts;
+  p.counts = counts.clone();
+  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.counts);
   p.new_scale = p.scale.item<float>();
+  // What the rule did, from its own counts: before and after, in one read.
+  const at::Tensor read = at::stack({counts, p.counts}).to(at::kCPU);
+  const int64_t* before = read.data_ptr<int64_t>();
+  const int64_t* after = before + kUpdateCountFields;
+  p.backs_off = after[kCountBackoffs] > before[kCountBackoffs];
+  p.overflow_streak = after[kCountOverflowStreak];
   return p;
 }
 
@@ -99,6 +108,8 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   if (proposal.overflow_tracker.defined()) {
     overflow_tracker_.copy_(proposal.overflow_tracker);
   }
+  at::Tensor counts = proposal.counts_target;
+  counts.copy_(proposal.counts);
 }
 
 ScalerSnapshot ScaleSchedule::snapshot() const {

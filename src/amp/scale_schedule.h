@@ -25,11 +25,11 @@
 //   Hysteresis keeps one more 0-dim int32 tensor beside the growth tracker: the
 //   consecutive overflows it has absorbed.
 // - min_scale is a check, so the host has to know whether an update backs off and to
-//   what. The core then reads the flags step() has not read, predicts the outcome with
-//   the host mirror of the trackers, and only for a backoff computes the update into
-//   copies (propose()) and reads the new scale (4 bytes). Below min_scale it throws and
-//   applies nothing. A backoff callback takes the same path (it is handed the old and
-//   the new scale).
+//   what. The core then reads the flags step() has not read and, for an overflowing
+//   update only, computes the update into copies (propose()) and reads what it did: the
+//   new scale, whether it backed off, the streak. Below min_scale it throws and applies
+//   nothing. A backoff callback and max_overflow_streak take the same path (the callback
+//   is handed the old and the new scale).
 
 #include <lucid/amp/grad_scaler_options.h>
 
@@ -75,15 +75,20 @@ class ScaleSchedule {
   // advanced by what the update did (detail::count_update).
   void advance(const at::Tensor& found_inf, const at::Tensor& counts = at::Tensor());
 
-  // The same update computed into copies, for the host to inspect before commit().
+  // The same update computed into copies, counts included, for the host to inspect before
+  // commit() (one read of the counts, two of the scale).
   struct Proposal {
     float old_scale = 0.0f;
     float new_scale = 0.0f;
+    bool backs_off = false;       // the rule backed the scale off (ScaleEvent::kBackoff)
+    int64_t overflow_streak = 0;  // overflowing updates in a row, this one included
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
+    at::Tensor counts;         // the advanced copy of `counts_target`
+    at::Tensor counts_target;  // the counts handed to propose()
   };
-  Proposal propose(const at::Tensor& found_inf);
+  Proposal propose(const at::Tensor& found_inf, const at::Tensor& counts);
   // Makes `proposal` hold the scale at `floor` instead (MinScalePolicy::kClamp).
   static void hold_at(Proposal& proposal, float floor);
   void commit(const Proposal& proposal);

@@ -235,7 +235,8 @@ bool ScalerCore::step(const OptimizerView& view) {
                 "instead.");
   }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
-  if (!scaler_aware && counts_on_device()) {
+  const bool on_device = counts_on_device();
+  if (!scaler_aware && on_device) {
     const bool graph_safe = options().graph_safe();
     TORCH_CHECK(false, "GradScaler::step: ",
                 graph_safe ? "in graph_safe mode" : "in a step captured in a CUDA graph",
@@ -247,7 +248,7 @@ bool ScalerCore::step(const OptimizerView& view) {
                 ". Nothing was changed.");
   }
   if (scaler_aware) {
-    return step_scaler_aware(view, record);
+    return step_scaler_aware(view, record, on_device);
   }
   if (record.stage == OptimizerStage::kReady) {
     record_overflow(view, record, GradientPass::kUnscale);
@@ -266,14 +267,17 @@ bool ScalerCore::step(const OptimizerView& view) {
   return !overflow;
 }
 
-bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& record) {
+bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& record,
+                                   bool on_device) {
   // Gradients unscale_'d already are handed over as they are; otherwise the optimizer
   // divides them by the scale inside its own kernel.
   at::Tensor scale_for_optimizer = record.grad_scale;  // set by clip_grad_norm_
   if (record.stage == OptimizerStage::kReady) {
     record_overflow(view, record, GradientPass::kCheckOnly);
-    // The outcome is then read without waiting for the optimizer's kernel.
-    start_reading_found_inf(record);
+    if (!on_device) {
+      // The outcome is then read without waiting for the optimizer's kernel.
+      start_reading_found_inf(record);
+    }
     scale_for_optimizer = schedule_.scale();
   }
   if (!record.had_gradients) {
@@ -282,7 +286,7 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
   view.set_grad_scaling(scale_for_optimizer, record.found_inf);
   view.step();
   record.stage = OptimizerStage::kStepped;
-  if (counts_on_device()) {
+  if (on_device) {
     // The host never learns here whether the step was skipped: the flag stays unread and
     // the device counts the outcome (NOTE: [Counting on the device]).
     diagnostics_.note_device_step(view.key, record.found_inf);
@@ -409,29 +413,23 @@ void ScalerCore::update(std::optional<double> new_scale) {
     return;
   }
   // May throw (min_scale, max_overflow_streak) before anything changed.
-  const std::optional<BackoffEvent> backoff = update_on_device();
+  const std::optional<BackoffEvent> backoff = update_on_device(capturing);
   finish_iteration();
   if (backoff.has_value() && diagnostics_.backoff_callback()) {
     diagnostics_.backoff_callback()(*backoff);
   }
 }
 
-std::optional<BackoffEvent> ScalerCore::update_on_device() {
+std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   const GradScalerOptions& opts = options();
   const bool decide_on_host = opts.min_scale() > 0.0 || opts.max_overflow_streak() > 0 ||
                               static_cast<bool>(diagnostics_.backoff_callback());
-  TORCH_CHECK(!decide_on_host || !::lucid::capturing(schedule_.scale().device()),
+  TORCH_CHECK(!decide_on_host || !capturing,
               "GradScaler::update is being captured in a CUDA graph, but min_scale, "
               "max_overflow_streak or a backoff callback is set: each needs the host to learn "
               "whether an update backs off, which a replayed update cannot tell it. Turn them "
               "off for a captured update, or run update() outside the capture. Nothing was "
               "changed.");
-  const bool count_on_device = !decide_on_host && counts_on_device();
-  if (!count_on_device && diagnostics_.tally().last_update_here()) {
-    const ScalerSnapshot device_state = schedule_.snapshot();
-    diagnostics_.resume_host_counting(device_state.growth_tracker, device_state.overflow_tracker,
-                                      opts);
-  }
   if (decide_on_host) {
     resolve_outcomes();
     // Only unscale_'d, never stepped: the optimizer may be gone, so its gradients are not
@@ -446,38 +444,39 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
   if (!found_inf.defined()) {
     found_inf = at::zeros({}, schedule_.scale().options());
   }
-  if (!decide_on_host || !diagnostics_.predicts_backoff(found, opts)) {
-    if (decide_on_host && found) {
-      check_overflow_streak();
-    }
-    // Before the schedule moves: a flag read now is reported with the scale as it is; a
-    // flag that lands later, with the copy of that scale queued here.
-    bool read_found = false;
-    std::vector<ScalerDiagnostics::LateFlag> late;
-    PendingFlagRead scale_at_step;
-    if (!count_on_device) {
-      late = read_landed_flags(&read_found);
-      if (!late.empty()) {
-        scale_at_step = read_later(schedule_.scale());
-      }
-    }
-    // Counted here, the update's own kernel adds what it did to the device tally.
-    schedule_.advance(found_inf,
-                      count_on_device ? diagnostics_.tally().update_counts() : at::Tensor());
-    if (!count_on_device) {
-      diagnostics_.tally().note_host_update(found_inf);
-      diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step),
-                                        opts);
-    }
-    return std::nullopt;
+  DeviceTally& tally = diagnostics_.tally();
+  if (decide_on_host && found) {
+    return update_deciding_on_host(found_inf);
   }
-  check_overflow_streak();
+  // Before the schedule moves: a flag read now is reported with the scale as it is; a
+  // flag that lands later, with the copy of that scale queued here.
+  const bool host_learns = decide_on_host || !(opts.graph_safe() || capturing);
+  bool read_found = false;
+  std::vector<ScalerDiagnostics::LateFlag> late;
+  PendingFlagRead scale_at_step;
+  if (host_learns) {
+    late = read_landed_flags(&read_found);
+    if (!late.empty()) {
+      scale_at_step = read_later(schedule_.scale());
+    }
+  }
+  // The update's own kernel adds what it did to the device tally.
+  schedule_.advance(found_inf, tally.update_counts());
+  tally.note_update();
+  if (host_learns) {
+    diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step), opts);
+  }
+  return std::nullopt;
+}
 
-  // A backoff that min_scale or the callback must see: compute it into copies first.
-  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf);
-  const ScalerCounters& counters = diagnostics_.counters();
-  const bool below_min =
-      opts.min_scale() > 0.0 && static_cast<double>(proposal.new_scale) < opts.min_scale();
+std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor& found_inf) {
+  const GradScalerOptions& opts = options();
+  DeviceTally& tally = diagnostics_.tally();
+  // Computed into copies first: nothing is applied before the checks below pass.
+  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf, tally.update_counts());
+  check_overflow_streak(proposal.overflow_streak);
+  const bool below_min = proposal.backs_off && opts.min_scale() > 0.0 &&
+                         static_cast<double>(proposal.new_scale) < opts.min_scale();
   if (below_min && opts.min_scale_policy() == MinScalePolicy::kClamp) {
     schedule_.hold_at(proposal, static_cast<float>(opts.min_scale()));
     diagnostics_.note_min_scale_hold();
@@ -485,7 +484,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
     const OverflowReport* report = diagnostics_.current_overflow();
     TORCH_CHECK(false, "GradScaler: the loss is diverging: this update would back the scale off ",
                 "from ", proposal.old_scale, " to ", proposal.new_scale, ", below min_scale ",
-                opts.min_scale(), ", after ", counters.overflow_streak + 1,
+                opts.min_scale(), ", after ", proposal.overflow_streak,
                 " consecutive overflowing update(s). ", report ? report->to_string() : "",
                 "\nNothing was applied: the scale and the optimizers' stages are as before "
                 "this call, and last_overflow() names the gradients. Look for inf/NaN in the "
@@ -493,14 +492,16 @@ std::optional<BackoffEvent> ScalerCore::update_on_device() {
                 "the scale there with min_scale_policy(MinScalePolicy::kClamp).");
   }
   schedule_.commit(proposal);
-  diagnostics_.tally().note_host_update(found_inf);
+  tally.note_update();
   diagnostics_.note_schedule_update(/*found=*/true, {}, PendingFlagRead(), opts);
-
+  if (!proposal.backs_off) {
+    return std::nullopt;  // absorbed by hysteresis
+  }
   BackoffEvent event;
-  event.iteration = counters.updates;  // finish_iteration has not counted it yet
+  event.iteration = diagnostics_.iteration();  // finish_iteration has not counted it yet
   event.old_scale = proposal.old_scale;
   event.new_scale = proposal.new_scale;
-  event.overflow_streak = counters.overflow_streak;
+  event.overflow_streak = proposal.overflow_streak;
   event.report = diagnostics_.current_overflow();
   return event;
 }
@@ -518,9 +519,8 @@ void ScalerCore::check_scaled(const char* call) const {
               "Call scale(loss) and backward() on its result first. Nothing was changed.");
 }
 
-void ScalerCore::check_overflow_streak() const {
+void ScalerCore::check_overflow_streak(int64_t streak) const {
   const int64_t limit = options().max_overflow_streak();
-  const int64_t streak = diagnostics_.counters().overflow_streak + 1;  // with this update
   if (limit <= 0 || streak < limit) {
     return;
   }
@@ -576,10 +576,10 @@ void ScalerCore::apply(const ScalerSnapshot& snapshot, const ScalerCounters* cou
   if (counters != nullptr) {
     diagnostics_.drop_pending();  // outcomes of the run the checkpoint replaces
   } else {
-    diagnostics_.resolve_pending(options());  // counted with the old trackers and options
+    diagnostics_.resolve_pending(options());  // taken under the old options
   }
   schedule_.apply(snapshot);
-  diagnostics_.reset(snapshot.growth_tracker, snapshot.overflow_tracker, counters);
+  diagnostics_.reset(counters);
 }
 
 }  // namespace detail

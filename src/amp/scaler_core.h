@@ -70,7 +70,8 @@ class ScalerCore {
   // inside its own step) only checks them.
   enum class GradientPass { kUnscale, kCheckOnly };
   void record_overflow(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
-  bool step_scaler_aware(const OptimizerView& view, OptimizerRecord& record);
+  // `on_device`: counts_on_device(), asked once by step().
+  bool step_scaler_aware(const OptimizerView& view, OptimizerRecord& record, bool on_device);
   // Starts the host copy of the record's final flag (PendingFlagRead), where the host
   // will read it: not in graph_safe mode, which never does.
   void start_reading_found_inf(OptimizerRecord& record);
@@ -93,9 +94,15 @@ class ScalerCore {
   bool counts_on_device() const;
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
   void check_scaled(const char* call) const;
-  std::optional<BackoffEvent> update_on_device();
-  // Throws when this overflowing update reaches max_overflow_streak.
-  void check_overflow_streak() const;
+  // update() once the iteration had checks; `capturing`: the scale's device is being
+  // captured. Returns the backoff a callback is to see.
+  std::optional<BackoffEvent> update_on_device(bool capturing);
+  // An overflowing update with min_scale, max_overflow_streak or a backoff callback: the
+  // update computed into copies, checked, then applied (NOTE: [Guards]).
+  std::optional<BackoffEvent> update_deciding_on_host(const at::Tensor& found_inf);
+  // Throws when `streak` (this overflowing update's, itself included) reaches
+  // max_overflow_streak.
+  void check_overflow_streak(int64_t streak) const;
   void finish_iteration();
 
   ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)

@@ -4,9 +4,6 @@
 
 #include "amp/scaler_diagnostics.h"
 
-#include "amp/scale_rule.h"
-#include "amp/scale_schedule.h"
-
 #include <c10/util/Exception.h>
 
 #include <functional>
@@ -47,19 +44,6 @@ namespace {
 // Bounds the queue of updates whose flags have not landed on the host: an update() that
 // finds this many waits for them.
 constexpr size_t kMaxPendingUpdates = 1024;
-
-// The event one update with outcome `found` has on the mirrored trackers.
-ScaleEvent advance_trackers(int32_t& growth_tracker, int32_t& overflow_tracker, bool found,
-                            const GradScalerOptions& options) {
-  const ScaleRule rule = rule_of(options);
-  ScaleEvent event = ScaleEvent::kNone;
-  // Only the trackers matter here: they follow the same rule on every backend.
-  const ScaleState next =
-      next_scale_state({1.0f, growth_tracker, overflow_tracker}, found, rule, &event);
-  growth_tracker = next.growth_tracker;
-  overflow_tracker = next.overflow_tracker;
-  return event;
-}
 
 // NaN and inf counts of every gradient of `view`, on each gradient's own device, read
 // once per device. Entries with neither are dropped.
@@ -188,18 +172,13 @@ void ScalerDiagnostics::resolve_pending(const GradScalerOptions& options, bool w
       }
       found = found || set;
     }
-    count_update(found, options);
+    take_update(found, options);
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
-void ScalerDiagnostics::count_update(bool found, const GradScalerOptions& options) {
-  const ScaleEvent event = advance_trackers(growth_tracker_, overflow_tracker_, found, options);
-  ScalerCounters& c = counters_;
-  c.overflow_updates += found ? 1 : 0;
-  c.overflow_streak = found ? c.overflow_streak + 1 : 0;
-  c.backoffs += event == ScaleEvent::kBackoff ? 1 : 0;
-  c.growths += event == ScaleEvent::kGrowth ? 1 : 0;
+void ScalerDiagnostics::take_update(bool found, const GradScalerOptions& options) {
+  learnt_streak_ = found ? learnt_streak_ + 1 : 0;
   if (found) {
     warn_on_streak(options);
   }
@@ -207,10 +186,10 @@ void ScalerDiagnostics::count_update(bool found, const GradScalerOptions& option
 
 void ScalerDiagnostics::warn_on_streak(const GradScalerOptions& options) const {
   const int64_t threshold = options.overflow_warning_streak();
-  if (threshold <= 0 || counters_.overflow_streak != threshold) {
+  if (threshold <= 0 || learnt_streak_ != threshold) {
     return;  // once per streak: exactly when it reaches the threshold
   }
-  TORCH_WARN("GradScaler: ", counters_.overflow_streak,
+  TORCH_WARN("GradScaler: ", learnt_streak_,
              " consecutive updates saw inf/NaN gradients, so every step of those iterations "
              "was skipped and the model did not learn. The scale is now backed off toward its "
              "floor; look for inf/NaN in the data, the loss or the model, or lower the "
@@ -220,13 +199,6 @@ void ScalerDiagnostics::warn_on_streak(const GradScalerOptions& options) const {
              "turns it off.)");
 }
 
-bool ScalerDiagnostics::predicts_backoff(bool found, const GradScalerOptions& options) {
-  resolve_pending(options);
-  int32_t growth = growth_tracker_;
-  int32_t overflow = overflow_tracker_;
-  return advance_trackers(growth, overflow, found, options) == ScaleEvent::kBackoff;
-}
-
 ScalerCounters ScalerDiagnostics::all_counters(const GradScalerOptions& options) {
   resolve_pending(options);
   ScalerCounters all = counters_;
@@ -234,18 +206,7 @@ ScalerCounters ScalerDiagnostics::all_counters(const GradScalerOptions& options)
   return all;
 }
 
-void ScalerDiagnostics::resume_host_counting(int64_t growth_tracker, int64_t overflow_tracker,
-                                             const GradScalerOptions& options) {
-  resolve_pending(options, /*wait=*/true);  // updates queued before the device counted
-  growth_tracker_ = static_cast<int32_t>(growth_tracker);
-  overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
-  counters_.overflow_streak = tally_.streak();
-}
-
-void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
-                              const ScalerCounters* counters) {
-  growth_tracker_ = static_cast<int32_t>(growth_tracker);
-  overflow_tracker_ = static_cast<int32_t>(overflow_tracker);
+void ScalerDiagnostics::reset(const ScalerCounters* counters) {
   if (counters != nullptr) {
     counters_ = *counters;
     // The loaded run counts iterations from its own updates: any later step is newer.
@@ -255,6 +216,7 @@ void ScalerDiagnostics::reset(int64_t growth_tracker, int64_t overflow_tracker,
   } else {
     tally_.add_to(counters_);  // keep counting: fold the tally into the host counters
   }
+  learnt_streak_ = counters_.overflow_streak;
   tally_.reset(counters_.overflow_streak);
 }
 

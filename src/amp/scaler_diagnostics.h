@@ -22,13 +22,14 @@
 //   unscaled in place when inspected, so it counts non-finite entries after unscaling:
 //   exactly the set the flag was raised for.
 // - backoffs / growths / overflow_updates / overflow_streak: what update() did on the
-//   device. The host mirrors the two trackers (growth, and overflows absorbed by
-//   hysteresis) and advances them with detail::next_scale_state, the rule every backend
-//   follows, given whether the update saw an overflow. An update with a flag the host had
-//   not read is queued with the host copies of those flags (Pending); every update()
-//   counts the queued updates whose copies have landed, in order, without waiting; the
-//   queries, a load and a save wait for the rest, and so does an update() that finds
-//   kMaxPendingUpdates queued. The streak warning comes when its update is counted.
+//   device, counted there by the update kernel itself (NOTE: [Counting on the device] in
+//   device_tally.h) and read when asked. The host keeps no copy of the trackers.
+// - The streak warning and the overflow reports need the host to learn each update's
+//   flags. An update with a flag the host had not read is queued with the host copies of
+//   those flags (Pending); every update() takes the queued updates whose copies have
+//   landed, in order, without waiting; the queries, a load and a save wait for the rest,
+//   and so does an update() that finds kMaxPendingUpdates queued. The warning comes when
+//   its update is taken, from the streak of the updates the host learnt in order.
 // - With min_scale, max_overflow_streak or a backoff callback, update() reads the unread
 //   flags itself (NOTE: [Guards]), so nothing is queued.
 // - graph_safe mode, and a step() or update() captured in a CUDA graph, count steps and
@@ -82,13 +83,13 @@ class ScalerDiagnostics {
   // flags in `late` (with `scale`, the scale they were checked with) reach it later.
   void note_schedule_update(bool found, std::vector<LateFlag> late, PendingFlagRead scale,
                             const GradScalerOptions& options);
-  // Whether an update that saw `found` backs the scale off (reads the queue first).
-  bool predicts_backoff(bool found, const GradScalerOptions& options);
   // Counts the queued updates, waiting for their flags (`wait`), or, without waiting, as
   // many of the oldest as have all their flags on the host.
   void resolve_pending(const GradScalerOptions& options, bool wait = true);
   // Forgets the queued updates (a checkpoint replaces the run they belong to).
   void drop_pending() { pending_.clear(); }
+  // The host's count of update() calls: the iteration in progress.
+  int64_t iteration() const { return counters_.updates; }
   // update() finished an iteration (with or without the schedule).
   void finish_iteration() { ++counters_.updates; }
   // update() found no overflow check since the last one and left the schedule alone.
@@ -101,18 +102,10 @@ class ScalerDiagnostics {
   // What graph_safe mode and captured calls count on the device (NOTE: [Counting on the
   // device]).
   DeviceTally& tally() { return tally_; }
-  // The host counts updates again after some were counted on the device: it counts what
-  // it queued before them, then continues from the device's trackers (`growth_tracker`,
-  // `overflow_tracker`, read by the caller) and streak (one read).
-  void resume_host_counting(int64_t growth_tracker, int64_t overflow_tracker,
-                            const GradScalerOptions& options);
-
-  // The counters as of the last resolved update (without the device tally).
-  const ScalerCounters& counters() const { return counters_; }
   // Everything counted: the resolved counters and the device tally (one read).
   ScalerCounters all_counters(const GradScalerOptions& options);
-  // A checkpoint's trackers (and counters, when it has them) replace the mirror.
-  void reset(int64_t growth_tracker, int64_t overflow_tracker, const ScalerCounters* counters);
+  // A checkpoint's counters replace these (null: the counters so far are kept).
+  void reset(const ScalerCounters* counters);
 
   bool step_skipped(OptimizerKey key) const;
   const std::optional<OverflowReport>& last_overflow() const { return last_overflow_; }
@@ -143,16 +136,15 @@ class ScalerDiagnostics {
   void note_overflow(const OptimizerView* view, double scale, int64_t iteration);
   // The step of `key` in iteration `iteration` (a late flag's is older than this one).
   void note_step(OptimizerKey key, bool skipped, int64_t iteration);
-  // Counts one update whose every flag the host has read.
-  void count_update(bool found, const GradScalerOptions& options);
+  // Takes one update whose every flag the host has read: the warning's streak.
+  void take_update(bool found, const GradScalerOptions& options);
   // Warns (TORCH_WARN) when an overflow streak reaches options.overflow_warning_streak.
   void warn_on_streak(const GradScalerOptions& options) const;
 
+  // What the host counts, and the base the device tally adds to (a loaded checkpoint's).
   ScalerCounters counters_;
-  // The trackers as of the last resolved update, advanced on the host by the rule every
-  // backend follows; they tell whether an update backed off or grew.
-  int32_t growth_tracker_ = 0;
-  int32_t overflow_tracker_ = 0;
+  // Overflowing updates in a row among those the host learnt, for the warning.
+  int64_t learnt_streak_ = 0;
   std::vector<Pending> pending_;  // in update order
   struct LastStep {
     bool skipped = false;

@@ -141,10 +141,10 @@ class GradScaler {
   void load(torch::serialize::InputArchive& archive);
 
   // ---- Diagnostics (include/lucid/amp/diagnostics.h, src/amp/scaler_diagnostics.cpp) ----
-  /// Counters of steps and scale changes. May read overflow flags the host has not seen
-  /// yet (only those of optimizers that were unscale_'d but not stepped); logically const.
-  /// In graph_safe mode the steps and updates are counted on the device, replays of a
-  /// captured CUDA graph included, and read here (one read).
+  /// Counters of steps and scale changes; logically const. Reads the overflow flags the
+  /// host has not seen yet, and the counts every update made on the device (one read):
+  /// the schedule's counters and the streak, and in graph_safe mode or under a CUDA
+  /// graph the steps too, replays included.
   ScalerCounters counters() const;
   /// Whether the last step() of `optimizer` skipped optimizer.step() (false if it never
   /// stepped). Survives update(): an LR scheduler asks after the iteration. In graph_safe
@@ -162,7 +162,8 @@ class GradScaler {
   /// The report of the last iteration that overflowed (nullopt if none has).
   const std::optional<OverflowReport>& last_overflow() const;
   /// Called on every backoff, after update() applied it; nullptr removes it. While set,
-  /// update() reads the flags the host has not seen and, on a backoff, the scale.
+  /// update() reads the flags the host has not seen and, when one is set, what the update
+  /// did (the scale before and after, its counts).
   void set_backoff_callback(BackoffCallback callback);
   /// Names parameters for the overflow report, e.g. `set_parameter_names(
   /// model->named_parameters())`; `prefix` is prepended. Held weakly.
