@@ -32,9 +32,8 @@
 //   its update is taken, from the streak of the updates the host learnt in order.
 // - With min_scale, max_overflow_streak or a backoff callback, update() reads the unread
 //   flags itself (NOTE: [Guards]), so nothing is queued.
-// - graph_safe mode, and a step() or update() captured in a CUDA graph, count steps and
-//   schedule updates on the device instead (NOTE: [Counting on the device] in
-//   device_tally.h); all_counters() adds that tally.
+// - graph_safe mode, and a step() captured in a CUDA graph, count steps on the device
+//   too (NOTE: [Counting on the device]); all_counters() adds the tally.
 
 #include <lucid/amp/diagnostics.h>
 #include <lucid/amp/grad_scaler_options.h>
@@ -83,7 +82,7 @@ class ScalerDiagnostics {
   // flags in `late` (with `scale`, the scale they were checked with) reach it later.
   void note_schedule_update(bool found, std::vector<LateFlag> late, PendingFlagRead scale,
                             const GradScalerOptions& options);
-  // Counts the queued updates, waiting for their flags (`wait`), or, without waiting, as
+  // Takes the queued updates, waiting for their flags (`wait`), or, without waiting, as
   // many of the oldest as have all their flags on the host.
   void resolve_pending(const GradScalerOptions& options, bool wait = true);
   // Forgets the queued updates (a checkpoint replaces the run they belong to).
@@ -99,8 +98,7 @@ class ScalerDiagnostics {
   // A backoff held the scale at min_scale (counted once the update is resolved).
   void note_min_scale_hold() { ++counters_.min_scale_holds; }
 
-  // What graph_safe mode and captured calls count on the device (NOTE: [Counting on the
-  // device]).
+  // What the device counts (NOTE: [Counting on the device]).
   DeviceTally& tally() { return tally_; }
   // Everything counted: the resolved counters and the device tally (one read).
   ScalerCounters all_counters(const GradScalerOptions& options);
