@@ -10,6 +10,7 @@ namespace detail {
 void DeviceTally::place(const at::Device& device) {
   if (!tally_.defined()) {
     tally_ = at::zeros({kFieldCount}, at::TensorOptions().dtype(at::kLong).device(device));
+    update_counts_ = tally_.narrow(0, kUpdateCounts, detail::kUpdateCountFields);
     if (streak_at_reset_ != 0) {
       tally_.select(0, kOverflowStreak).fill_(streak_at_reset_);
     }
@@ -30,9 +31,9 @@ void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf, int64
   last.iteration = iteration;
 }
 
-at::Tensor DeviceTally::update_counts() const {
+const at::Tensor& DeviceTally::update_counts() const {
   TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
-  return tally_.narrow(0, kUpdateCounts, detail::kUpdateCountFields);
+  return update_counts_;
 }
 
 void DeviceTally::note_update() {

@@ -45,8 +45,9 @@ class DeviceTally {
   // scale's device; undefined: clean).
   void note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration);
   // The counters (detail::UpdateCount order) that every scale update advances
-  // (ScaleSchedule::advance, ScaleSchedule::propose); no read.
-  at::Tensor update_counts() const;
+  // (ScaleSchedule::advance, ScaleSchedule::propose); no read. A view of the tally, made
+  // with it once rather than by a narrow() (three ATen calls) per update.
+  const at::Tensor& update_counts() const;
   // An update advanced update_counts() (or is committed into them).
   void note_update();
 
@@ -76,6 +77,7 @@ class DeviceTally {
   static constexpr int64_t kOverflowStreak =
       static_cast<int64_t>(kUpdateCounts) + detail::kCountOverflowStreak;
   at::Tensor tally_;  // int64, kFieldCount entries, on the scale's device
+  at::Tensor update_counts_;  // tally_'s detail::UpdateCount entries
   int64_t streak_at_reset_ = 0;
   int64_t updates_ = 0;   // note_update calls since the last reset (host count)
   bool counted_ = false;  // whether anything was queued on the tally since the last reset
