@@ -76,7 +76,7 @@ class DeviceTally {
   };
   static constexpr int64_t kOverflowStreak =
       static_cast<int64_t>(kUpdateCounts) + detail::kCountOverflowStreak;
-  at::Tensor tally_;  // int64, kFieldCount entries, on the scale's device
+  at::Tensor tally_;          // int64, kFieldCount entries, on the scale's device
   at::Tensor update_counts_;  // tally_'s detail::UpdateCount entries
   int64_t streak_at_reset_ = 0;
   int64_t updates_ = 0;   // note_update calls since the last reset (host count)
