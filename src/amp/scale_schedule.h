@@ -71,9 +71,9 @@ class ScaleSchedule {
   bool guarded() const;
   // One update on the device tensors, in place, by the overflow flag `found_inf`
   // (float32, 0-dim, on the scale's device). Reads nothing back. `counts` (int64,
-  // detail::kUpdateCountFields entries, on the scale's device; undefined: none) are
-  // advanced by what the update did (detail::count_update).
-  void advance(const at::Tensor& found_inf, const at::Tensor& counts = at::Tensor());
+  // detail::kUpdateCountFields entries, on the scale's device) are advanced by what the
+  // update did (detail::count_update).
+  void advance(const at::Tensor& found_inf, const at::Tensor& counts);
 
   // The same update computed into copies, counts included, for the host to inspect before
   // commit() (one read of the counts, two of the scale).
@@ -102,7 +102,7 @@ class ScaleSchedule {
   void ensure_overflow_tracker();
   void run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
                          at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                         const at::Tensor& counts = at::Tensor()) const;
+                         const at::Tensor& counts) const;
 
   GradScalerOptions options_;
   // Host copies, used until the device tensors exist.

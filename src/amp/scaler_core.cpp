@@ -235,7 +235,7 @@ bool ScalerCore::step(const OptimizerView& view) {
                 "instead.");
   }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
-  const bool on_device = counts_on_device();
+  const bool on_device = counts_on_device(::lucid::capturing(schedule_.scale().device()));
   if (!scaler_aware && on_device) {
     const bool graph_safe = options().graph_safe();
     TORCH_CHECK(false, "GradScaler::step: ",
@@ -450,7 +450,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   }
   // Before the schedule moves: a flag read now is reported with the scale as it is; a
   // flag that lands later, with the copy of that scale queued here.
-  const bool host_learns = decide_on_host || !(opts.graph_safe() || capturing);
+  const bool host_learns = decide_on_host || !counts_on_device(capturing);
   bool read_found = false;
   std::vector<ScalerDiagnostics::LateFlag> late;
   PendingFlagRead scale_at_step;
@@ -504,10 +504,6 @@ std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor
   event.overflow_streak = proposal.overflow_streak;
   event.report = diagnostics_.current_overflow();
   return event;
-}
-
-bool ScalerCore::counts_on_device() const {
-  return options().graph_safe() || ::lucid::capturing(schedule_.scale().device());
 }
 
 void ScalerCore::check_scaled(const char* call) const {

@@ -70,7 +70,7 @@ class ScalerCore {
   // inside its own step) only checks them.
   enum class GradientPass { kUnscale, kCheckOnly };
   void record_overflow(const OptimizerView& view, OptimizerRecord& record, GradientPass pass);
-  // `on_device`: counts_on_device(), asked once by step().
+  // `on_device`: counts_on_device(), decided once by step().
   bool step_scaler_aware(const OptimizerView& view, OptimizerRecord& record, bool on_device);
   // Starts the host copy of the record's final flag (PendingFlagRead), where the host
   // will read it: not in graph_safe mode, which never does.
@@ -90,8 +90,8 @@ class ScalerCore {
   std::vector<ScalerDiagnostics::LateFlag> read_landed_flags(bool* found);
   // Whether step() and update() leave the outcome on the device, counted there (NOTE:
   // [Counting on the device]): in graph_safe mode, and while the scale's device is being
-  // captured into a CUDA graph. Needs the scale.
-  bool counts_on_device() const;
+  // captured into a CUDA graph (`capturing`, asked once per call).
+  bool counts_on_device(bool capturing) const { return options().graph_safe() || capturing; }
   // Throws unless scale() has made the scale: `call` (unscale_, step, ...) needs it.
   void check_scaled(const char* call) const;
   // update() once the iteration had checks; `capturing`: the scale's device is being
