@@ -226,6 +226,8 @@ TEST_F(Cuda, ScalerAwareStepAndUpdateWaitForNothingQueuedBeforeThem) {
     EXPECT_TRUE(gpu_still_busy()) << "step() waited for the device";
     scaler.update();
     EXPECT_TRUE(gpu_still_busy()) << "update() waited for the device";
+    scaler.history();  // starts a copy of the step log: must not wait for it
+    EXPECT_TRUE(gpu_still_busy()) << "history() waited for the device";
     EXPECT_EQ(scaler.step_skipped(&slow), !clean);  // reads it: waits
     EXPECT_EQ(scaler.get_scale(), clean ? 4.0 : 2.0);
   }
@@ -233,6 +235,12 @@ TEST_F(Cuda, ScalerAwareStepAndUpdateWaitForNothingQueuedBeforeThem) {
   EXPECT_EQ(counters.steps_taken, 1);
   EXPECT_EQ(counters.steps_skipped, 1);
   EXPECT_EQ(counters.backoffs, 1);
+  const std::vector<lucid::amp::StepRecord> log = scaler.history(/*wait=*/true);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_FALSE(log[0].found_inf);
+  EXPECT_TRUE(log[1].found_inf);
+  EXPECT_EQ(log[1].scale, 4.0);
+  EXPECT_EQ(log[1].new_scale, 2.0);
   // The flag landed after its update(), when the gradients may have changed: the report
   // names the optimizer and the scale, and leaves the gradients uninspected.
   ASSERT_TRUE(scaler.last_overflow().has_value());
@@ -513,6 +521,21 @@ void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
     EXPECT_EQ(scaler.step_skipped(optimizer), overflows[i]);
     // The first replay's overflow follows the last warm-up's: a streak of 2.
     EXPECT_TRUE(CountersAre(scaler.counters(), twin_scaler.counters()));
+  }
+  // The step log holds the replays as the twin's holds its eager updates.
+  const std::vector<lucid::amp::StepRecord> log = scaler.history(/*wait=*/true);
+  const std::vector<lucid::amp::StepRecord> twin_log = twin_scaler.history(/*wait=*/true);
+  ASSERT_EQ(log.size(), 6u);
+  ASSERT_EQ(twin_log.size(), 6u);
+  for (size_t i = 0; i < log.size(); ++i) {
+    SCOPED_TRACE("update " + std::to_string(i));
+    EXPECT_EQ(log[i].update, static_cast<int64_t>(i));
+    EXPECT_EQ(log[i].update, twin_log[i].update);
+    EXPECT_EQ(log[i].scale, twin_log[i].scale);
+    EXPECT_EQ(log[i].new_scale, twin_log[i].new_scale);
+    EXPECT_EQ(log[i].found_inf, twin_log[i].found_inf);
+    EXPECT_EQ(log[i].change, twin_log[i].change);
+    EXPECT_EQ(log[i].found_inf, i == 2 || i == 3 || i == 5);
   }
   EXPECT_EQ(scaler.get_scale(), 128.0);
   // 3 warm-ups and 3 replays; three overflowed (the last warm-up, replays 0 and 2), each

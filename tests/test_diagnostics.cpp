@@ -7,7 +7,11 @@
 #include <torch/optim/schedulers/step_lr.h>
 
 #include <cfloat>
+#include <cmath>
 #include <limits>
+#include <sstream>
+#include <tuple>
+#include <vector>
 
 namespace {
 
@@ -436,3 +440,132 @@ TEST(BackoffCallback, AThrowingCallbackLeavesTheUpdateApplied) {
 }
 
 }  // namespace
+
+namespace {
+
+using lucid::amp::kStepLogCapacity;
+using lucid::amp::MinScalePolicy;
+using lucid::amp::ScaleChange;
+using lucid::amp::StepRecord;
+
+// The step log, read with wait (every update so far).
+std::vector<StepRecord> history_of(const GradScaler& scaler) {
+  return scaler.history(/*wait=*/true);
+}
+
+}  // namespace
+
+TEST(StepLog, RecordsEachUpdatesScalesOverflowAndChange) {
+  GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2));
+  EXPECT_TRUE(history_of(scaler).empty());  // nothing before the first scale()
+  OneParam p;
+  for (const bool o : {false, false, true, false}) {
+    iterate(scaler, p, o);
+  }
+  scaler.update(64.0);  // update(new_scale) runs no schedule: not logged
+  const std::vector<StepRecord> log = history_of(scaler);
+  ASSERT_EQ(log.size(), 4u);
+  const std::vector<std::tuple<double, double, bool, ScaleChange>> expected = {
+      {1024, 1024, false, ScaleChange::kNone},
+      {1024, 2048, false, ScaleChange::kGrowth},
+      {2048, 1024, true, ScaleChange::kBackoff},
+      {1024, 1024, false, ScaleChange::kNone}};
+  for (size_t i = 0; i < log.size(); ++i) {
+    EXPECT_EQ(log[i].update, static_cast<int64_t>(i));
+    EXPECT_EQ(log[i].scale, std::get<0>(expected[i])) << i;
+    EXPECT_EQ(log[i].new_scale, std::get<1>(expected[i])) << i;
+    EXPECT_EQ(log[i].found_inf, std::get<2>(expected[i])) << i;
+    EXPECT_EQ(log[i].change, std::get<3>(expected[i])) << i;
+    EXPECT_FALSE(log[i].grad_norm.has_value()) << "no clip in iteration " << i;
+  }
+}
+
+TEST(StepLog, RecordsTheClipNormEvenWhenItIsNotFinite) {
+  GradScaler scaler(GradScalerOptions().init_scale(4));
+  OneParam p;
+  for (const bool overflow : {false, true}) {
+    scale_loss(scaler);
+    p.grad_for(overflow);
+    const double norm = scaler.clip_grad_norm_(p.optimizer, 1.0).item<double>();
+    scaler.step(p.optimizer);
+    scaler.update();
+    const StepRecord last = history_of(scaler).back();
+    ASSERT_TRUE(last.grad_norm.has_value());
+    if (overflow) {
+      EXPECT_FALSE(std::isfinite(*last.grad_norm));
+      EXPECT_TRUE(last.found_inf);
+    } else {
+      EXPECT_DOUBLE_EQ(*last.grad_norm, norm);  // clean grads of 8 / 4 = 2 each: norm 4
+      EXPECT_DOUBLE_EQ(norm, 4.0);
+    }
+  }
+}
+
+TEST(StepLog, HysteresisAndAHeldMinScaleAreLoggedAsApplied) {
+  GradScaler scaler(GradScalerOptions()
+                        .init_scale(8)
+                        .backoff_factor(0.25)
+                        .hysteresis(2)
+                        .min_scale(1)
+                        .min_scale_policy(MinScalePolicy::kClamp));
+  OneParam p;
+  for (int i = 0; i < 3; ++i) {
+    iterate(scaler, p, true);
+  }
+  const std::vector<StepRecord> log = history_of(scaler);
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_EQ(log[0].change, ScaleChange::kAbsorbed);
+  EXPECT_EQ(log[0].new_scale, 8.0);
+  EXPECT_EQ(log[1].change, ScaleChange::kBackoff);
+  EXPECT_EQ(log[1].new_scale, 2.0);
+  EXPECT_EQ(log[2].change, ScaleChange::kBackoff);
+  EXPECT_EQ(log[2].new_scale, 1.0) << "0.5 would be below min_scale: held at 1";
+  EXPECT_EQ(log[2].new_scale, scaler.get_scale());
+}
+
+TEST(StepLog, KeepsTheLatestCapacityUpdates) {
+  GradScaler scaler(GradScalerOptions().growth_interval(1000000));
+  OneParam p;
+  const int64_t n = kStepLogCapacity + 6;
+  for (int64_t i = 0; i < n; ++i) {
+    iterate(scaler, p, i == n - 1);
+  }
+  const std::vector<StepRecord> log = history_of(scaler);
+  ASSERT_EQ(static_cast<int64_t>(log.size()), kStepLogCapacity);
+  EXPECT_EQ(log.front().update, 6);
+  EXPECT_EQ(log.back().update, n - 1);
+  EXPECT_TRUE(log.back().found_inf);
+  EXPECT_FALSE(log[log.size() - 2].found_inf);
+}
+
+TEST(StepLog, ALoadedCheckpointClearsItAndNumbersOnFromItsUpdates) {
+  GradScaler scaler;
+  OneParam p;
+  for (int i = 0; i < 3; ++i) {
+    iterate(scaler, p, false);
+  }
+  torch::serialize::OutputArchive archive;
+  scaler.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  iterate(scaler, p, true);
+  ASSERT_EQ(history_of(scaler).size(), 4u);
+
+  std::istringstream in(out.str());
+  torch::serialize::InputArchive input;
+  input.load_from(in);
+  scaler.load(input);
+  EXPECT_TRUE(history_of(scaler).empty());
+  iterate(scaler, p, false);
+  const std::vector<StepRecord> log = history_of(scaler);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].update, 3);
+  EXPECT_FALSE(log[0].found_inf);
+}
+
+TEST(StepLog, ADisabledScalerLogsNothing) {
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  iterate(scaler, false);
+  EXPECT_TRUE(history_of(scaler).empty());
+  EXPECT_TRUE(scaler.history().empty());
+}

@@ -434,10 +434,16 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
     rule.max_scale = static_cast<float>(max_scale);
     lucid::amp::detail::ScaleState model{256.0f, 0, 0};
     std::array<int64_t, lucid::amp::detail::kUpdateCountFields> model_counts{};
+    using lucid::amp::detail::kStepLogFields;
+    using lucid::amp::detail::kStepLogRows;
+    std::vector<double> model_log((1 + kStepLogRows) * kStepLogFields, 0.0);
+    // Every other update logs a clip norm; the rest log none.
+    const at::Tensor norm = at::full({}, 3.5f);
     auto make = [] {
       return std::vector<at::Tensor>{
           at::full({}, 256.0f), at::zeros({}, at::kInt), at::zeros({}, at::kInt),
-          at::zeros({lucid::amp::detail::kUpdateCountFields}, at::kLong)};
+          at::zeros({lucid::amp::detail::kUpdateCountFields}, at::kLong),
+          at::zeros({1 + kStepLogRows, kStepLogFields}, at::kDouble)};
     };
     auto routed = make();
     auto generic = make();
@@ -445,11 +451,18 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       const bool found = rng() % 3 == 0;
       const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
       lucid::amp::detail::ScaleEvent event;
+      const float old_scale = model.scale;
+      const float clip_norm = 3.5f;
+      const bool clipped = i % 2 == 1;
       model = lucid::amp::detail::next_scale_state(model, found, rule, &event);
       lucid::amp::detail::count_update(model_counts.data(), found, event);
-      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule, routed[3]);
+      lucid::amp::detail::log_update(model_log.data(), old_scale, model.scale, found, event,
+                                     clipped ? &clip_norm : nullptr);
+      const at::Tensor logged_norm = clipped ? norm : at::Tensor();
+      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule,
+                                        {routed[3], routed[4], logged_norm});
       lucid::amp::generic::amp_backend().update_scale_(generic[0], generic[1], generic[2], flag,
-                                                       rule, generic[3]);
+                                                       rule, {generic[3], generic[4], logged_norm});
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
@@ -458,6 +471,9 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
           ASSERT_EQ((*t)[3][f].item<int64_t>(), model_counts[f])
               << "count " << f << ", trial " << trial << " step " << i;
         }
+        const at::Tensor log = (*t)[4].contiguous();
+        ASSERT_TRUE(std::equal(model_log.begin(), model_log.end(), log.data_ptr<double>()))
+            << "step log, trial " << trial << " step " << i;
       }
     }
     EXPECT_EQ(model_counts[lucid::amp::detail::kCountUpdates], 60);

@@ -206,10 +206,10 @@ Schedule run_update(bool generic, Schedule s, bool found, double growth, double 
   const lucid::amp::detail::ScaleRule rule = rule_without_guards(growth, backoff, interval);
   if (generic) {
     lucid::amp::generic::amp_backend().update_scale_(scale, tracker, no_overflow_tracker, found_inf,
-                                                     rule, /*counts=*/at::Tensor());
+                                                     rule, lucid::amp::UpdateRecord());
   } else {
     lucid::amp::cpu::update_scale_(scale, tracker, no_overflow_tracker, found_inf, rule,
-                                   /*counts=*/at::Tensor());
+                                   lucid::amp::UpdateRecord());
   }
   return {scale.item<float>(), tracker.item<int32_t>()};
 }

@@ -108,6 +108,21 @@ py::dict report_dict(const amp::OverflowReport& report) {
   return d;
 }
 
+// ScaleChange as the Python records spell it.
+const char* scale_change_name(amp::ScaleChange change) {
+  switch (change) {
+    case amp::ScaleChange::kGrowth:
+      return "growth";
+    case amp::ScaleChange::kAbsorbed:
+      return "absorbed";
+    case amp::ScaleChange::kBackoff:
+      return "backoff";
+    case amp::ScaleChange::kNone:
+      break;
+  }
+  return "none";
+}
+
 py::dict counters_dict(const amp::ScalerCounters& c) {
   py::dict d;
   d["steps_taken"] = c.steps_taken;
@@ -315,6 +330,24 @@ void bind_grad_scaler(py::module& m) {
              }
              return report_dict(*report);
            }))
+      .def(
+          "history",
+          torch::wrap_pybind_function([](GradScaler& self, bool wait) {
+            py::list records;
+            for (const amp::StepRecord& r : self.history(wait)) {
+              py::dict d;
+              d["update"] = r.update;
+              d["scale"] = r.scale;
+              d["new_scale"] = r.new_scale;
+              d["found_inf"] = r.found_inf;
+              d["change"] = scale_change_name(r.change);
+              d["grad_norm"] = r.grad_norm.has_value() ? py::object(py::float_(*r.grad_norm))
+                                                       : py::object(py::none());
+              records.append(std::move(d));
+            }
+            return records;
+          }),
+          py::arg("wait") = false)
       // fn(event: dict) on every backoff; None removes it.
       .def("set_backoff_callback", torch::wrap_pybind_function([](GradScaler& self, py::object fn) {
              if (fn.is_none()) {

@@ -43,6 +43,7 @@ from .grad_scaler import (
     NonFiniteGradient,
     OverflowReport,
     ScalerCounters,
+    StepRecord,
     clip_grad_norm_,
 )
 from .sharded_grad_scaler import ShardedGradScaler
@@ -61,6 +62,7 @@ __all__ = [
     "OverflowReport",
     "NonFiniteGradient",
     "BackoffEvent",
+    "StepRecord",
     "optim",
     "clip_grad_norm_",
     "with_cuda",

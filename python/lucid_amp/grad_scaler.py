@@ -110,6 +110,27 @@ class BackoffEvent:
     report: Optional[OverflowReport]
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One update() as the step log recorded it on the device (GradScaler.history)."""
+
+    update: int
+    """The update's number among those that ran the schedule (replays of a captured one
+    included), from 0; after lucid-amp's own state is restored, on from its count."""
+    scale: float
+    """The scale the iteration's gradients were divided by."""
+    new_scale: float
+    """The scale after the update."""
+    found_inf: bool
+    """Whether a gradient of the iteration held inf/NaN (its steps were skipped)."""
+    change: str
+    """What the update did to the scale: "none", "growth", "absorbed" (an overflow taken
+    by hysteresis) or "backoff"."""
+    grad_norm: Optional[float]
+    """The norm the iteration's last clip_grad_norm_ returned (of the unscaled gradients,
+    before clipping); None when the iteration did not clip."""
+
+
 def _report(d: Optional[dict]) -> Optional[OverflowReport]:
     if d is None:
         return None
@@ -859,6 +880,16 @@ class GradScaler(torch.amp.GradScaler):
         """The report of the last iteration that overflowed (None if none has): which
         parameters held NaN/inf, by name once set_parameter_names was called."""
         return _report(self._core.last_overflow())
+
+    def history(self, wait: bool = False) -> List[StepRecord]:
+        """The step log: what each of the last 1024 updates that ran the schedule did,
+        oldest first, recorded on the device by the update itself (replays of a captured
+        update included). Never waits for the device unless ``wait``: it returns what its
+        last copy of the log held once that copy has landed and starts the next one, so on
+        a GPU a call sees the updates queued before the previous call; ``wait=True``
+        copies now and waits. Empty before the first scale(); restoring lucid-amp's own
+        state (its state_dict, pickle) clears it, PyTorch's state_dict keys keep it."""
+        return [StepRecord(**r) for r in self._core.history(wait)]
 
     def set_parameter_names(
         self, named_parameters: Iterable[Tuple[str, torch.Tensor]], prefix: str = ""

@@ -18,6 +18,19 @@
 namespace lucid {
 namespace amp {
 
+// What one scale update writes besides the scale and its trackers, each beside the scale
+// and undefined where not wanted.
+struct UpdateRecord {
+  // int64, detail::kUpdateCountFields entries: advanced by detail::count_update (NOTE:
+  // [Counting on the device] in device_tally.h).
+  at::Tensor counts;
+  // float64, 1 + detail::kStepLogRows rows of detail::kStepLogFields: one row written by
+  // detail::log_update (NOTE: [Step log] in step_log.h).
+  at::Tensor log;
+  // float32, 0-dim: the norm the log records for the iteration; undefined: none (-1).
+  at::Tensor grad_norm;
+};
+
 // The norms a device table accumulates itself; every other norm type is computed from
 // ATen operations by the routing.
 enum class NormKind { kTwo, kInf };
@@ -58,11 +71,10 @@ struct AmpBackend {
   // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
   // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
   // `scale`; undefined only where `rule` holds hysteresis at 1 (it would stay 0).
-  // counts: int64, detail::kUpdateCountFields entries beside `scale`, advanced in place by
-  // detail::count_update; undefined: the update is not counted.
+  // record: what the update also writes (UpdateRecord).
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                         const at::Tensor& found_inf, const detail::ScaleRule& rule,
-                        const at::Tensor& counts);
+                        const UpdateRecord& record);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for
   // NormKind::kTwo, the partial itself for kInf; found_inf raised when the norm is not

@@ -141,6 +141,11 @@ const std::optional<OverflowReport>& GradScaler::last_overflow() const {
   return const_cast<detail::ScalerCore&>(core()).last_overflow();
 }
 
+std::vector<StepRecord> GradScaler::history(bool wait) const {
+  // Logically const: it copies the log, which only the updates change.
+  return const_cast<detail::ScalerCore&>(core()).history(wait);
+}
+
 void GradScaler::set_backoff_callback(BackoffCallback callback) {
   core().diagnostics().set_backoff_callback(std::move(callback));
 }

@@ -260,15 +260,24 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const ScaleRule& rule, const at::Tensor& counts) {
+                   const at::Tensor& found_inf, const ScaleRule& rule, const UpdateRecord& record) {
   TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || rule.hysteresis == 1,
                         "a scale update with hysteresis needs the overflow tracker");
+  const at::Tensor& counts = record.counts;
+  const at::Tensor& log = record.log;
+  const at::Tensor& norm = record.grad_norm;
   TORCH_INTERNAL_ASSERT(!counts.defined() ||
                         (counts.scalar_type() == at::kLong && counts.is_contiguous() &&
                          counts.numel() == kUpdateCountFields &&
                          counts.device() == scale.device()));
+  TORCH_INTERNAL_ASSERT(!log.defined() ||
+                        (log.scalar_type() == at::kDouble && log.is_contiguous() &&
+                         log.numel() == (1 + kStepLogRows) * kStepLogFields &&
+                         log.device() == scale.device()));
+  TORCH_INTERNAL_ASSERT(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.dim() == 0 &&
+                                            norm.device() == scale.device()));
   backend_for_device(scale.device().type())
-      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, counts);
+      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, record);
 }
 
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {

@@ -5,6 +5,7 @@
 // (amp/backend.h: src/amp/cpu, src/amp/cuda, src/amp/generic) by device and layout. Not
 // installed; tests include it.
 
+#include "amp/backend.h"
 #include "amp/flag_read.h"
 #include "amp/scale_rule.h"
 
@@ -89,11 +90,12 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 //                     undefined only where rule.hysteresis is 1 (it would stay 0).
 //   found_inf:        float32, 0-dim, same device; non-zero means overflow.
 //   rule:             its parameters (rule_of); with the guards off, PyTorch's rule.
-//   counts:           int64, kUpdateCountFields entries, same device: what the update did is
-//                     added to them (count_update); undefined: not counted.
+//   record:           what the update also writes (UpdateRecord in backend.h), same
+//                     device: its counts (count_update) and its row of the step log
+//                     (log_update); a part left undefined is not written.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& found_inf, const ScaleRule& rule,
-                   const at::Tensor& counts = at::Tensor());
+                   const UpdateRecord& record = UpdateRecord());
 
 // Starts reading `found_inf` (float32, 0-dim) back to the host behind the work queued on
 // its device so far: PendingFlagRead::wait then waits for that work only, not for kernels

@@ -145,6 +145,35 @@ LUCID_HOST_DEVICE inline void count_update(int64_t* counts, bool found_inf, Scal
   counts[kCountOverflowStreak] = found_inf ? counts[kCountOverflowStreak] + 1 : 0;
 }
 
+// The step log (NOTE: [Step log] in step_log.h): a float64 tensor of 1 + kStepLogRows
+// rows of kStepLogFields entries on the scale's device. Row 0 holds, in its first entry,
+// how many updates were logged; update n writes row 1 + n % kStepLogRows, in this order.
+enum StepLogField : int {
+  kLogUpdate,    // n: the update's number since the log was made or last cleared
+  kLogScale,     // the scale this iteration's gradients were divided by
+  kLogNewScale,  // the scale after the update
+  kLogFoundInf,  // 1: some gradient of the iteration held inf/NaN (its steps skipped)
+  kLogEvent,     // ScaleEvent, as a number
+  kLogGradNorm,  // the norm the iteration's last clip_grad_norm_ returned; -1: none
+  kStepLogFields,
+};
+constexpr int64_t kStepLogRows = 1024;
+
+// Writes one update's row into the step log `log` (as above), after the update from `scale`
+// to `new_scale`; `grad_norm` may be null (no clip).
+LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_scale, bool found_inf,
+                                         ScaleEvent event, const float* grad_norm) {
+  const auto n = static_cast<int64_t>(log[0]);
+  double* row = log + (1 + n % kStepLogRows) * kStepLogFields;
+  row[kLogUpdate] = static_cast<double>(n);
+  row[kLogScale] = scale;
+  row[kLogNewScale] = new_scale;
+  row[kLogFoundInf] = found_inf ? 1.0 : 0.0;
+  row[kLogEvent] = static_cast<double>(static_cast<int>(event));
+  row[kLogGradNorm] = grad_norm != nullptr ? static_cast<double>(*grad_norm) : -1.0;
+  log[0] = static_cast<double>(n + 1);
+}
+
 }  // namespace detail
 }  // namespace amp
 }  // namespace lucid

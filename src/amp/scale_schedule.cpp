@@ -60,22 +60,22 @@ void ScaleSchedule::ensure_overflow_tracker() {
 
 void ScaleSchedule::run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
                                       at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                                      const at::Tensor& counts) const {
+                                      const UpdateRecord& record) const {
   // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
   at::Tensor unused;
   update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
-                rule_of(options_), counts);
+                rule_of(options_), record);
 }
 
-void ScaleSchedule::advance(const at::Tensor& found_inf, const at::Tensor& counts) {
+void ScaleSchedule::advance(const at::Tensor& found_inf, const UpdateRecord& record) {
   if (guarded()) {
     ensure_overflow_tracker();  // a load may have turned hysteresis or max_scale on
   }
-  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf, counts);
+  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf, record);
 }
 
 ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
-                                               const at::Tensor& counts) {
+                                               const UpdateRecord& record) {
   if (guarded()) {
     ensure_overflow_tracker();
   }
@@ -84,12 +84,13 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
   p.scale = scale_.clone();
   p.growth_tracker = growth_tracker_.clone();
   p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
-  p.counts_target = counts;
-  p.counts = counts.clone();
-  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.counts);
+  p.target = record;
+  p.record = {record.counts.clone(), record.log.defined() ? record.log.clone() : at::Tensor(),
+              record.grad_norm};
+  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.record);
   p.new_scale = p.scale.item<float>();
   // What the rule did, from its own counts: before and after, in one read.
-  const at::Tensor read = at::stack({counts, p.counts}).to(at::kCPU);
+  const at::Tensor read = at::stack({record.counts, p.record.counts}).to(at::kCPU);
   const int64_t* before = read.data_ptr<int64_t>();
   const int64_t* after = before + kUpdateCountFields;
   p.backs_off = after[kCountBackoffs] > before[kCountBackoffs];
@@ -100,6 +101,10 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
 void ScaleSchedule::hold_at(Proposal& proposal, float floor) {
   proposal.scale.fill_(floor);
   proposal.new_scale = floor;
+  if (proposal.record.log.defined()) {  // the logged new scale is the one held
+    const auto update = static_cast<int64_t>(proposal.record.log[0][0].item<double>()) - 1;
+    proposal.record.log[1 + update % kStepLogRows][kLogNewScale].fill_(floor);
+  }
 }
 
 void ScaleSchedule::commit(const Proposal& proposal) {
@@ -108,8 +113,12 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   if (proposal.overflow_tracker.defined()) {
     overflow_tracker_.copy_(proposal.overflow_tracker);
   }
-  at::Tensor counts = proposal.counts_target;
-  counts.copy_(proposal.counts);
+  at::Tensor counts = proposal.target.counts;
+  counts.copy_(proposal.record.counts);
+  if (proposal.target.log.defined()) {
+    at::Tensor log = proposal.target.log;
+    log.copy_(proposal.record.log);
+  }
 }
 
 ScalerSnapshot ScaleSchedule::snapshot() const {

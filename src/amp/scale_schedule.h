@@ -33,6 +33,7 @@
 
 #include <lucid/amp/grad_scaler_options.h>
 
+#include "amp/backend.h"
 #include "amp/scale_rule.h"
 #include "amp/scaler_state.h"
 
@@ -70,13 +71,12 @@ class ScaleSchedule {
   // Whether max_scale or hysteresis change the update (NOTE: [Guards]).
   bool guarded() const;
   // One update on the device tensors, in place, by the overflow flag `found_inf`
-  // (float32, 0-dim, on the scale's device). Reads nothing back. `counts` (int64,
-  // detail::kUpdateCountFields entries, on the scale's device) are advanced by what the
-  // update did (detail::count_update).
-  void advance(const at::Tensor& found_inf, const at::Tensor& counts);
+  // (float32, 0-dim, on the scale's device). Reads nothing back. `record` (UpdateRecord,
+  // on the scale's device) receives what the update did: its counts and its log row.
+  void advance(const at::Tensor& found_inf, const UpdateRecord& record);
 
-  // The same update computed into copies, counts included, for the host to inspect before
-  // commit() (one read of the counts, two of the scale).
+  // The same update computed into copies, counts and log included, for the host to inspect
+  // before commit() (one read of the counts, two of the scale).
   struct Proposal {
     float old_scale = 0.0f;
     float new_scale = 0.0f;
@@ -85,10 +85,10 @@ class ScaleSchedule {
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
-    at::Tensor counts;         // the advanced copy of `counts_target`
-    at::Tensor counts_target;  // the counts handed to propose()
+    UpdateRecord record;  // copies of `target`'s counts and log, written by the update
+    UpdateRecord target;  // the record handed to propose()
   };
-  Proposal propose(const at::Tensor& found_inf, const at::Tensor& counts);
+  Proposal propose(const at::Tensor& found_inf, const UpdateRecord& record);
   // Makes `proposal` hold the scale at `floor` instead (MinScalePolicy::kClamp).
   static void hold_at(Proposal& proposal, float floor);
   void commit(const Proposal& proposal);
@@ -102,7 +102,7 @@ class ScaleSchedule {
   void ensure_overflow_tracker();
   void run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
                          at::Tensor& overflow_tracker, const at::Tensor& found_inf,
-                         const at::Tensor& counts) const;
+                         const UpdateRecord& record) const;
 
   GradScalerOptions options_;
   // Host copies, used until the device tensors exist.

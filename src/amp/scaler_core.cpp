@@ -125,6 +125,7 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   schedule_.place(outputs.device());
   const at::Tensor& scale = schedule_.scale();
   diagnostics_.tally().place(scale.device());
+  diagnostics_.step_log().place(scale.device());
   const at::ScalarType dtype = at::promote_types(outputs.scalar_type(), at::kFloat);
   // A CPU scale multiplies a tensor on any device as a scalar; a device scale meeting
   // outputs on another device (a model split over devices) is copied over.
@@ -213,6 +214,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
     unscale_grads_(grads, divisor, found_inf);
   }
   record.stage = OptimizerStage::kUnscaled;
+  clip_norm_ = norm.to(scale.device(), at::kFloat);
   return norm;
 }
 
@@ -445,8 +447,9 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
     found_inf = at::zeros({}, schedule_.scale().options());
   }
   DeviceTally& tally = diagnostics_.tally();
+  const UpdateRecord record{tally.update_counts(), diagnostics_.step_log().rows(), clip_norm_};
   if (decide_on_host && found) {
-    return update_deciding_on_host(found_inf);
+    return update_deciding_on_host(found_inf, record);
   }
   // Before the schedule moves: a flag read now is reported with the scale as it is; a
   // flag that lands later, with the copy of that scale queued here.
@@ -461,7 +464,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
     }
   }
   // The update's own kernel adds what it did to the device tally.
-  schedule_.advance(found_inf, tally.update_counts());
+  schedule_.advance(found_inf, record);
   tally.note_update();
   if (host_learns) {
     diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step), opts);
@@ -469,11 +472,12 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   return std::nullopt;
 }
 
-std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor& found_inf) {
+std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor& found_inf,
+                                                                const UpdateRecord& record) {
   const GradScalerOptions& opts = options();
   DeviceTally& tally = diagnostics_.tally();
   // Computed into copies first: nothing is applied before the checks below pass.
-  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf, tally.update_counts());
+  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf, record);
   check_overflow_streak(proposal.overflow_streak);
   const bool below_min = proposal.backs_off && opts.min_scale() > 0.0 &&
                          static_cast<double>(proposal.new_scale) < opts.min_scale();
@@ -531,6 +535,7 @@ void ScalerCore::check_overflow_streak(int64_t streak) const {
 
 void ScalerCore::finish_iteration() {
   records_.clear();
+  clip_norm_ = at::Tensor();
   diagnostics_.finish_iteration();
 }
 

@@ -58,6 +58,8 @@ class ScalerCore {
   at::Tensor found_inf(OptimizerKey key) const;
   bool overflowed(const OptimizerView& view);
   const std::optional<OverflowReport>& last_overflow();
+  // The step log's records (NOTE: [Step log]); `wait`: every update so far included.
+  std::vector<StepRecord> history(bool wait) { return diagnostics_.step_log().read(wait); }
   ScalerDiagnostics& diagnostics() { return diagnostics_; }
 
   // State I/O (serialize.cpp): the schedule as it stands, and a validated replacement
@@ -98,8 +100,10 @@ class ScalerCore {
   // captured. Returns the backoff a callback is to see.
   std::optional<BackoffEvent> update_on_device(bool capturing);
   // An overflowing update with min_scale, max_overflow_streak or a backoff callback: the
-  // update computed into copies, checked, then applied (NOTE: [Guards]).
-  std::optional<BackoffEvent> update_deciding_on_host(const at::Tensor& found_inf);
+  // update computed into copies, checked, then applied (NOTE: [Guards]). `record`: what
+  // the update writes besides the schedule.
+  std::optional<BackoffEvent> update_deciding_on_host(const at::Tensor& found_inf,
+                                                      const UpdateRecord& record);
   // Throws when `streak` (this overflowing update's, itself included) reaches
   // max_overflow_streak.
   void check_overflow_streak(int64_t streak) const;
@@ -109,6 +113,9 @@ class ScalerCore {
   OptimizerRecords records_;
   ScalerDiagnostics diagnostics_;
   std::shared_ptr<FoundInfHook> found_inf_hook_;
+  // The norm this iteration's last clip_grad_norm_ returned (float32, 0-dim, on the
+  // scale's device), for the step log; undefined when it did not clip.
+  at::Tensor clip_norm_;
 };
 
 }  // namespace detail

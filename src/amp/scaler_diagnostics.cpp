@@ -209,6 +209,7 @@ ScalerCounters ScalerDiagnostics::all_counters(const GradScalerOptions& options)
 void ScalerDiagnostics::reset(const ScalerCounters* counters) {
   if (counters != nullptr) {
     counters_ = *counters;
+    step_log_.clear(counters_.updates);
     // The loaded run counts iterations from its own updates: any later step is newer.
     for (auto& entry : last_step_) {
       entry.second.iteration = std::numeric_limits<int64_t>::min();

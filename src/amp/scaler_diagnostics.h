@@ -41,6 +41,7 @@
 
 #include "amp/device_tally.h"
 #include "amp/flag_read.h"
+#include "amp/step_log.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
@@ -100,9 +101,12 @@ class ScalerDiagnostics {
 
   // What the device counts (NOTE: [Counting on the device]).
   DeviceTally& tally() { return tally_; }
+  // What each update did, logged on the device (NOTE: [Step log]).
+  StepLog& step_log() { return step_log_; }
   // Everything counted: the resolved counters and the device tally (one read).
   ScalerCounters all_counters(const GradScalerOptions& options);
-  // A checkpoint's counters replace these (null: the counters so far are kept).
+  // A checkpoint's counters replace these and clear the step log (null: the counters and
+  // the log so far are kept).
   void reset(const ScalerCounters* counters);
 
   bool step_skipped(OptimizerKey key) const;
@@ -153,6 +157,7 @@ class ScalerDiagnostics {
   BackoffCallback on_backoff_;
   std::unordered_map<const c10::TensorImpl*, Name> names_;
   DeviceTally tally_;
+  StepLog step_log_;
 };
 
 }  // namespace detail

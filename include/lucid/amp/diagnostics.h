@@ -71,6 +71,39 @@ struct OverflowReport {
   std::string to_string() const;
 };
 
+/// What an update did to the scale.
+enum class ScaleChange {
+  /// A clean update that did not complete growth_interval clean updates: scale kept.
+  kNone,
+  /// growth_interval clean updates completed: the scale grew (capped, or kept at the cap).
+  kGrowth,
+  /// An overflow absorbed by hysteresis: the scale kept.
+  kAbsorbed,
+  /// An overflow that backed the scale off.
+  kBackoff,
+};
+
+/// How many updates the step log keeps (GradScaler::history): the latest ones.
+constexpr int64_t kStepLogCapacity = 1024;
+
+/// One update() as the step log recorded it on the device (GradScaler::history).
+struct StepRecord {
+  /// The update's number among the updates that ran the schedule (replays of a captured
+  /// update included), from 0, since the scaler was built or a checkpoint was loaded
+  /// (then counting on from the checkpoint's ScalerCounters::updates).
+  int64_t update = 0;
+  /// The scale the iteration's gradients were divided by.
+  double scale = 0.0;
+  /// The scale after the update.
+  double new_scale = 0.0;
+  /// Whether a gradient of the iteration held inf/NaN (its steps were skipped).
+  bool found_inf = false;
+  ScaleChange change = ScaleChange::kNone;
+  /// The total norm the iteration's last clip_grad_norm_ returned (before clipping, of
+  /// the unscaled gradients); nullopt when the iteration did not clip.
+  std::optional<double> grad_norm;
+};
+
 /// Counters of what the scaler did since it was built (or since the checkpoint it was
 /// loaded from). A disabled scaler counts nothing.
 struct ScalerCounters {

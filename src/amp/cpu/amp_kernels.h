@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amp/backend.h"
 #include "amp/scale_rule.h"
 
 namespace lucid {
@@ -39,7 +40,7 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
 // AmpBackend::update_scale_ (amp/backend.h), every tensor on the CPU.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& found_inf, const detail::ScaleRule& rule,
-                   const at::Tensor& counts);
+                   const UpdateRecord& record);
 
 }  // namespace cpu
 }  // namespace amp

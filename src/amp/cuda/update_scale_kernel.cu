@@ -12,7 +12,8 @@ namespace {
 
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     int32_t* overflow_tracker, const float* found_inf,
-                                    detail::ScaleRule rule, int64_t* counts) {
+                                    detail::ScaleRule rule, int64_t* counts, double* log,
+                                    const float* grad_norm) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
   const bool found = *found_inf != 0.0f;
@@ -26,15 +27,19 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
   if (counts != nullptr) {
     detail::count_update(counts, found, event);
   }
+  if (log != nullptr) {
+    detail::log_update(log, state.scale, next.scale, found, event, grad_norm);
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 const float* found_inf, const detail::ScaleRule& rule,
-                                int64_t* counts, cudaStream_t stream) {
+                                int64_t* counts, double* log, const float* grad_norm,
+                                cudaStream_t stream) {
   update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf, rule,
-                                           counts);
+                                           counts, log, grad_norm);
   return cudaGetLastError();
 }
 

@@ -20,8 +20,7 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
                         at::Tensor& found_inf) {
   for (const auto& grad : grads) {
     // float64 is unscaled in float64; float32 and bfloat16 in float32 (opmath).
-    const at::ScalarType opmath =
-        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     // The reciprocal in opmath on the gradient's device: float64 only where the gradient
     // is float64 already (devices such as MPS have no float64 at all); a float32 division
     // is correctly rounded.
@@ -39,8 +38,7 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
 void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                    at::Tensor& found_inf) {
   for (const auto& grad : grads) {
-    const at::ScalarType opmath =
-        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     at::Tensor work = grad.to(opmath);
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
@@ -79,14 +77,13 @@ at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tenso
 
 // scale * backoff_factor, never below detail::kScaleFloor (nor below a smaller scale).
 at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
-  const at::Tensor floor =
-      at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
+  const at::Tensor floor = at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
   return at::maximum(scale * backoff_factor, floor);
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& found_inf, const detail::ScaleRule& rule,
-                   const at::Tensor& counts) {
+                   const UpdateRecord& record) {
   // Same decisions as detail::next_scale_state, written as selects on the device (no host
   // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
   // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
@@ -116,15 +113,40 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
       at::where(backoff, backed_off(scale, rule.backoff_factor), at::where(grow, grown, scale));
   const at::Tensor new_tracker =
       at::where(found.logical_or(grow), at::zeros_like(successful), successful);
+  // detail::log_update's row, from the scale before it is written.
+  at::Tensor row;
+  const at::Tensor logged =
+      record.log.defined() ? record.log.select(0, 0).select(0, 0) : at::Tensor();
+  if (logged.defined()) {
+    using detail::ScaleEvent;
+    const at::Tensor absorbed = found.logical_and(backoff.logical_not());
+    const at::Tensor event =
+        at::where(backoff, static_cast<int>(ScaleEvent::kBackoff),
+                  at::where(absorbed, static_cast<int>(ScaleEvent::kAbsorbed),
+                            at::where(grow, static_cast<int>(ScaleEvent::kGrowth),
+                                      static_cast<int>(ScaleEvent::kNone))));
+    const at::Tensor norm =
+        record.grad_norm.defined() ? record.grad_norm : at::full({}, -1.0, scale.options());
+    row = at::stack({logged, scale.to(at::kDouble), new_scale.to(at::kDouble),
+                     found.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)});
+  }
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
   if (new_overflow.defined()) {
     overflow_tracker.copy_(new_overflow);
   }
+  const at::Tensor& counts = record.counts;
   if (counts.defined()) {  // detail::count_update, as selects
     counts.narrow(0, detail::kCountUpdates, 4)
         .add_(at::stack({at::ones_like(found), found, backoff, grow}));
     counts.select(0, detail::kCountOverflowStreak).add_(1).mul_(found);
+  }
+  if (row.defined()) {
+    const at::Tensor index =
+        logged.to(at::kLong).remainder(detail::kStepLogRows).add(1).reshape({1});
+    at::Tensor log = record.log;
+    log.index_copy_(0, index, row.unsqueeze(0));
+    at::Tensor(logged).add_(1);
   }
 }
 

@@ -1,0 +1,183 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The step log (GradScaler.history): every update's scales, overflow, change and clip
+norm, checked against PyTorch's own scaler driven by the same random sequence; the ring's
+capacity; checkpoints; a graph-captured step's replays and a read that does not wait, on
+CUDA."""
+
+import csv
+import dataclasses
+import io
+import pickle
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lucid_amp
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def one_iteration(scaler, param, opt, overflow, clip=None):
+    """scale, a gradient with or without an inf, optional clip, step, update. Returns the
+    clip's norm (a float) or None."""
+    opt.zero_grad()
+    scaler.scale((param * 1.0).sum())  # makes the scale; the gradient is set below
+    g = torch.full_like(param, 3.0) * scaler.get_scale()
+    if overflow:
+        g[0] = float("inf")
+    param.grad = g
+    norm = None
+    if clip is not None:
+        norm = scaler.clip_grad_norm_(opt, clip).item()
+    scaler.step(opt)
+    scaler.update()
+    return norm
+
+
+def make(scaler_cls, device="cpu", **kwargs):
+    param = torch.zeros(4, device=device, requires_grad=True)
+    opt = torch.optim.SGD([param], lr=0.1)
+    return scaler_cls(device, **kwargs), param, opt
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    overflows=st.lists(st.booleans(), min_size=1, max_size=25),
+    growth_interval=st.integers(1, 4),
+    backoff=st.sampled_from([0.5, 0.25]),
+)
+def test_each_record_is_what_pytorchs_scaler_did_in_that_iteration(
+    overflows, growth_interval, backoff
+):
+    kwargs = dict(init_scale=2.0**10, growth_interval=growth_interval, backoff_factor=backoff)
+    ours, p, opt = make(lucid_amp.GradScaler, **kwargs)
+    ref, rp, ropt = make(torch.amp.GradScaler, **kwargs)
+    expected = []
+    for overflow in overflows:
+        one_iteration(ours, p, opt, overflow)
+        before = ref.get_scale()
+        one_iteration(ref, rp, ropt, overflow)
+        after = ref.get_scale()
+        change = "backoff" if overflow else ("growth" if after > before else "none")
+        expected.append((before, after, overflow, change))
+    log = ours.history(wait=True)
+    assert [(r.scale, r.new_scale, r.found_inf, r.change) for r in log] == expected
+    assert [r.update for r in log] == list(range(len(overflows)))
+    assert all(r.grad_norm is None for r in log)
+
+
+def test_hysteresis_is_logged_as_absorbed():
+    scaler, p, opt = make(lucid_amp.GradScaler, init_scale=8.0, hysteresis=2)
+    for _ in range(2):
+        one_iteration(scaler, p, opt, overflow=True)
+    assert [(r.change, r.new_scale) for r in scaler.history(wait=True)] == [
+        ("absorbed", 8.0),
+        ("backoff", 4.0),
+    ]
+
+
+def test_the_clip_norm_is_logged_finite_or_not():
+    scaler, p, opt = make(lucid_amp.GradScaler, init_scale=4.0)
+    clean = one_iteration(scaler, p, opt, overflow=False, clip=1.0)
+    one_iteration(scaler, p, opt, overflow=True, clip=1.0)
+    one_iteration(scaler, p, opt, overflow=False)
+    log = scaler.history(wait=True)
+    assert clean == pytest.approx(6.0)  # four unscaled gradients of 3
+    assert log[0].grad_norm == pytest.approx(clean)
+    assert log[1].found_inf and not torch.isfinite(torch.tensor(log[1].grad_norm))
+    assert log[2].grad_norm is None
+
+
+def test_it_keeps_the_latest_1024_updates():
+    scaler, p, opt = make(lucid_amp.GradScaler, growth_interval=10**6)
+    n = 1024 + 5
+    for i in range(n):
+        one_iteration(scaler, p, opt, overflow=i == n - 1)
+    log = scaler.history(wait=True)
+    assert len(log) == 1024
+    assert (log[0].update, log[-1].update) == (5, n - 1)
+    assert log[-1].found_inf and not log[-2].found_inf
+
+
+def test_empty_before_the_first_scale_and_when_disabled():
+    assert lucid_amp.GradScaler("cpu").history(wait=True) == []
+    scaler, p, opt = make(lucid_amp.GradScaler, enabled=False)
+    one_iteration(scaler, p, opt, overflow=False)
+    assert scaler.history(wait=True) == []
+
+
+def test_a_restored_checkpoint_starts_a_new_log_numbered_on():
+    scaler, p, opt = make(lucid_amp.GradScaler)
+    for _ in range(3):
+        one_iteration(scaler, p, opt, overflow=False)
+    restored = pickle.loads(pickle.dumps(scaler))
+    assert restored.history(wait=True) == []
+    one_iteration(restored, p, opt, overflow=True)
+    (record,) = restored.history(wait=True)
+    assert (record.update, record.found_inf, record.change) == (3, True, "backoff")
+    assert len(scaler.history(wait=True)) == 3  # the original keeps its own
+
+
+def test_records_are_plain_and_write_to_csv():
+    scaler, p, opt = make(lucid_amp.GradScaler, init_scale=2.0, growth_interval=1)
+    one_iteration(scaler, p, opt, overflow=False)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=[f.name for f in dataclasses.fields(lucid_amp.StepRecord)])
+    writer.writeheader()
+    for record in scaler.history(wait=True):
+        writer.writerow(dataclasses.asdict(record))
+    assert out.getvalue().splitlines() == [
+        "update,scale,new_scale,found_inf,change,grad_norm",
+        "0,2.0,4.0,False,growth,",
+    ]
+
+
+@cuda
+def test_reading_the_log_does_not_wait_for_the_device():
+    scaler, p, opt = make(lucid_amp.GradScaler, device="cuda")
+    one_iteration(scaler, p, opt, overflow=False)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(1e9))  # ~0.5 s of one GPU thread, queued ahead of the copy
+    start = time.perf_counter()
+    scaler.history()
+    waited = time.perf_counter() - start
+    still_busy = not torch.cuda.current_stream().query()
+    assert still_busy, "history() waited for the device"
+    assert waited < 0.05
+    assert len(scaler.history(wait=True)) == 1
+
+
+@cuda
+def test_a_captured_steps_replays_are_logged_like_eager_updates():
+    opt_kwargs = dict(lr=0.1, fused=True)
+    param = torch.zeros(4, device="cuda", requires_grad=True)
+    opt = torch.optim.Adam([param], **opt_kwargs)
+    scaler = lucid_amp.GradScaler("cuda", init_scale=1024.0, growth_interval=1000)
+    grad = torch.full((4,), 3.0, device="cuda")
+
+    def train_step():
+        scaler.scale((param * 1.0).sum())
+        param.grad = grad * scaler._scale  # the scaled gradient, in stream order
+        scaler.step(opt)
+        scaler.update()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            train_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        train_step()
+    overflows = [True, False, True]
+    for overflow in overflows:
+        grad.fill_(float("inf") if overflow else 3.0)
+        graph.replay()
+    log = scaler.history(wait=True)
+    assert [r.found_inf for r in log[-3:]] == overflows
+    assert [r.new_scale for r in log[-3:]] == [512.0, 512.0, 256.0]
+    assert [r.update for r in log] == list(range(len(log)))
