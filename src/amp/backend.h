@@ -91,7 +91,8 @@ struct AmpBackend {
   // Copies `found_inf` to host memory behind the work queued on its device so far,
   // without waiting, and returns that copy with the wait for it. Null where reading the
   // flag waits for nothing (a host flag is read where it lies).
-  // Args: found_inf: float32, 0-dim, on a device of this table's type.
+  // Args: found_inf: a flag (float32, 0-dim) or the step log (float64, contiguous), on a
+  // device of this table's type.
   PendingFlagRead (*start_flag_read_)(const at::Tensor& found_inf);
 };
 

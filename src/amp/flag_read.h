@@ -10,12 +10,13 @@
 namespace lucid {
 namespace amp {
 
-// The host's copy of a device flag, taken where the flag became final. Reading it waits
+// The host's copy of a device flag, taken where the flag became final (or of the step
+// log, NOTE: [Step log] in step_log.h, taken when asked for). Reading it waits
 // for the work queued before that point only, so a step's outcome is known without
 // waiting for the optimizer kernel queued after its check, and ready() tells, without
 // waiting, whether reading it would wait at all.
 struct PendingFlagRead {
-  at::Tensor host;              // float32, 0-dim, CPU: the flag, once wait() has returned
+  at::Tensor host;              // CPU: the flag (or the step log), once wait() has returned
   std::function<void()> wait;   // blocks until the copy has landed
   std::function<bool()> ready;  // whether the copy has landed (never blocks)
 

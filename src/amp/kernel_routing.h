@@ -97,11 +97,11 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                    const at::Tensor& found_inf, const ScaleRule& rule,
                    const UpdateRecord& record = UpdateRecord());
 
-// Starts reading `found_inf` (float32, 0-dim) back to the host behind the work queued on
-// its device so far: PendingFlagRead::wait then waits for that work only, not for kernels
-// queued after this call (an optimizer's step). Not started (PendingFlagRead::started()
-// false) where the flag's device has no such copy, e.g. a CPU flag, which is read where
-// it lies.
+// Starts reading `found_inf` (float32, 0-dim; or the step log) back to the host behind
+// the work queued on its device so far: PendingFlagRead::wait then waits for that work
+// only, not for kernels queued after this call (an optimizer's step). Not started
+// (PendingFlagRead::started() false) where the flag's device has no such copy, e.g. a CPU
+// flag, which is read where it lies.
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf);
 
 // Routes every device to the generic ATen-ops backend (the path Apple MPS and other

@@ -23,6 +23,9 @@ The oracle, call by call:
   parameters before it raised, which lucid-amp's contract does not mirror.
 - the same scale (get_scale(), exactly), the same state_dict() of the scaler, the same
   skip decision at every step (world B: whether the scaler called optimizer.step()).
+- after each update() that ran the schedule, world A's step log ends with its record: the
+  scales before and after it as world B's, the change the scale made, and an overflow for
+  every backoff or absorbed one.
 - the same parameters and gradients, bit for bit, when world A's optimizer is a
   torch.optim one. A fused optimizer is not bitwise equal to torch.optim (its kernel
   unscales as it reads and uses its own operation order); there every step is compared
@@ -525,7 +528,23 @@ class Pair:
             after = self.compare_scale()
             self.stats["backoffs"] += after < before
             self.stats["growths"] += after > before
+            if new_scale is None and self.a.scaler.is_enabled():
+                self.check_step_log(before, after)
         self.compare_tensors()
+
+    def check_step_log(self, before, after):
+        """The step log's newest record is this update, as the reference scaler did it."""
+        log = self.a.scaler.history(wait=True)
+        if not log:
+            self.fail("a scheduled update left no record in the step log")
+        r = log[-1]
+        if (r.scale, r.new_scale) != (before, after):
+            self.fail(f"step log {r} != scales {before} -> {after}")
+        moved = "backoff" if after < before else "growth" if after > before else None
+        if moved is not None and r.change != moved:
+            self.fail(f"step log {r}: the scale moved by a {moved}")
+        if r.change in ("backoff", "absorbed") and not r.found_inf:
+            self.fail(f"step log {r}: a backoff without an overflow")
 
     def op_scaler_state(self, fresh):
         """state_dict() of both scalers compared, then loaded back into the same scaler or

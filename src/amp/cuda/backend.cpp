@@ -161,7 +161,8 @@ PendingFlagRead table_start_flag_read_(const at::Tensor& found_inf) {
   }
   c10::cuda::CUDAGuard guard(found_inf.device());
   PendingFlagRead read;
-  read.host = at::empty({}, found_inf.options().device(at::kCPU).pinned_memory(true));
+  read.host =
+      at::empty(found_inf.sizes(), found_inf.options().device(at::kCPU).pinned_memory(true));
   read.host.copy_(found_inf, /*non_blocking=*/true);
   auto landed = std::make_shared<at::cuda::CUDAEvent>();
   landed->record(at::cuda::getCurrentCUDAStream());
