@@ -161,12 +161,12 @@ class GradScaler {
   bool overflowed(const torch::optim::Optimizer& optimizer);
   /// The report of the last iteration that overflowed (nullopt if none has).
   const std::optional<OverflowReport>& last_overflow() const;
-  /// The step log: what each of the last kStepLogCapacity updates that ran the schedule did (the
-  /// scale used and after, overflow, the change, the clip norm), oldest first, recorded
-  /// on the device by the update itself, captured and replayed updates included. Never
-  /// waits for the device unless `wait`: it returns what its last copy of the log held
-  /// once that copy has landed, and starts the next copy (so on a GPU a call sees the
-  /// updates queued before the previous call); `wait` copies now and waits, so every
+  /// The step log: what each of the last kStepLogCapacity updates that ran the schedule
+  /// did (the scale used and after, overflow, the change, the clip norm), oldest first,
+  /// recorded on the device by the update itself, captured and replayed updates included.
+  /// Never waits for the device unless `wait`: it returns what its last copy of the log
+  /// held once that copy has landed, and starts the next copy (so on a GPU a call sees
+  /// the updates queued before the previous call); `wait` copies now and waits, so every
   /// update queued so far is in. Empty before the first scale(); load() clears it (the
   /// checkpoint's run goes on from its counters), load_state_dict() keeps it. Logically
   /// const.

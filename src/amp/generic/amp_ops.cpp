@@ -20,7 +20,8 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
                         at::Tensor& found_inf) {
   for (const auto& grad : grads) {
     // float64 is unscaled in float64; float32 and bfloat16 in float32 (opmath).
-    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType opmath =
+        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     // The reciprocal in opmath on the gradient's device: float64 only where the gradient
     // is float64 already (devices such as MPS have no float64 at all); a float32 division
     // is correctly rounded.
@@ -38,7 +39,8 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
 void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                    at::Tensor& found_inf) {
   for (const auto& grad : grads) {
-    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::ScalarType opmath =
+        grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     at::Tensor work = grad.to(opmath);
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
@@ -77,7 +79,8 @@ at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tenso
 
 // scale * backoff_factor, never below detail::kScaleFloor (nor below a smaller scale).
 at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
-  const at::Tensor floor = at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
+  const at::Tensor floor =
+      at::minimum(scale, at::full({}, detail::kScaleFloor, scale.options()));
   return at::maximum(scale * backoff_factor, floor);
 }
 
