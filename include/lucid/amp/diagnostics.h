@@ -98,6 +98,7 @@ struct StepRecord {
   double new_scale = 0.0;
   /// Whether a gradient of the iteration held inf/NaN (its steps were skipped).
   bool found_inf = false;
+  /// What the update did to the scale (a backoff held at min_scale is a backoff).
   ScaleChange change = ScaleChange::kNone;
   /// The total norm the iteration's last clip_grad_norm_ returned (before clipping, of
   /// the unscaled gradients); nullopt when the iteration did not clip.
