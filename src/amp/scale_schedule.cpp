@@ -113,11 +113,9 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   if (proposal.overflow_tracker.defined()) {
     overflow_tracker_.copy_(proposal.overflow_tracker);
   }
-  at::Tensor counts = proposal.target.counts;
-  counts.copy_(proposal.record.counts);
+  proposal.target.counts.copy_(proposal.record.counts);
   if (proposal.target.log.defined()) {
-    at::Tensor log = proposal.target.log;
-    log.copy_(proposal.record.log);
+    proposal.target.log.copy_(proposal.record.log);
   }
 }
 

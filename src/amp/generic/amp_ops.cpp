@@ -147,9 +147,8 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
   if (row.defined()) {
     const at::Tensor index =
         logged.to(at::kLong).remainder(detail::kStepLogRows).add(1).reshape({1});
-    at::Tensor log = record.log;
-    log.index_copy_(0, index, row.unsqueeze(0));
-    at::Tensor(logged).add_(1);
+    record.log.index_copy_(0, index, row.unsqueeze(0));
+    logged.add_(1);
   }
 }
 
