@@ -49,7 +49,8 @@ class ScalerCounters:
     steps_skipped: int
     """step() calls that skipped optimizer.step() because a gradient was inf/NaN."""
     updates: int
-    """update() calls that ran the schedule (update(new_scale) is not counted)."""
+    """update() calls: every iteration ended, replays of a captured update() included,
+    and so are update(new_scale) and the updates_without_checks."""
     overflow_updates: int
     """Of those, the updates that saw an overflow in any optimizer."""
     backoffs: int

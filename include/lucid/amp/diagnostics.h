@@ -112,7 +112,8 @@ struct ScalerCounters {
   int64_t steps_taken = 0;
   /// step() calls that skipped optimizer.step() because a gradient was inf/NaN.
   int64_t steps_skipped = 0;
-  /// update() calls that ran the schedule (update(new_scale) is not counted).
+  /// update() calls: every iteration ended, replays of a captured update() included, and
+  /// so are update(new_scale) and the updates_without_checks.
   int64_t updates = 0;
   /// Of those, the updates that saw an overflow in any optimizer.
   int64_t overflow_updates = 0;
