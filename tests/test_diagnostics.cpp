@@ -4,11 +4,16 @@
 
 #include "support/scaler_fixtures.h"
 
+#include "amp/kernel_routing.h"
+
 #include <torch/optim/schedulers/step_lr.h>
 
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -444,6 +449,7 @@ TEST(BackoffCallback, AThrowingCallbackLeavesTheUpdateApplied) {
 namespace {
 
 using lucid::amp::kStepLogCapacity;
+using lucid::amp::kStepLogOptimizers;
 using lucid::amp::MinScalePolicy;
 using lucid::amp::ScaleChange;
 using lucid::amp::StepRecord;
@@ -568,4 +574,53 @@ TEST(StepLog, ADisabledScalerLogsNothing) {
   iterate(scaler, false);
   EXPECT_TRUE(history_of(scaler).empty());
   EXPECT_TRUE(scaler.history().empty());
+}
+
+// More optimizers than the log tells apart, stepped in a new order each iteration, a
+// random few overflowing: each record names them by their place in that iteration's
+// order, the ones past the last place as the last, on the CPU table and the generic one.
+TEST(StepLog, NamesTheOptimizersThatOverflowedByTheirPlaceInTheIteration) {
+  for (const bool generic : {false, true}) {
+    std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
+    if (generic) {
+      force = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+    constexpr int kOptimizers = kStepLogOptimizers + 2;
+    std::vector<std::unique_ptr<OneParam>> ps;
+    for (int i = 0; i < kOptimizers; ++i) {
+      ps.push_back(std::make_unique<OneParam>());
+    }
+    GradScaler scaler(GradScalerOptions().init_scale(1 << 20));
+    std::mt19937 rng(7);
+    std::vector<int> order(kOptimizers);
+    std::iota(order.begin(), order.end(), 0);
+    std::vector<std::vector<int>> expected;
+    for (int it = 0; it < 40; ++it) {
+      std::shuffle(order.begin(), order.end(), rng);
+      scale_loss(scaler);
+      std::vector<int> places;
+      for (int place = 0; place < kOptimizers; ++place) {
+        const bool overflow = rng() % 5 == 0;
+        OneParam& p = *ps[order[place]];
+        p.grad_for(overflow);
+        if (place % 3 == 0) {
+          scaler.unscale_(p.optimizer);  // first use by unscale_: the place is taken there
+        }
+        scaler.step(p.optimizer);
+        const int named = std::min(place, kStepLogOptimizers - 1);
+        if (overflow && (places.empty() || places.back() != named)) {
+          places.push_back(named);
+        }
+      }
+      scaler.update();
+      expected.push_back(places);
+    }
+    const std::vector<StepRecord> log = history_of(scaler);
+    ASSERT_EQ(log.size(), expected.size());
+    for (size_t i = 0; i < log.size(); ++i) {
+      EXPECT_EQ(log[i].overflowed_optimizers, expected[i])
+          << "iteration " << i << " generic " << generic;
+      EXPECT_EQ(log[i].found_inf, !expected[i].empty()) << i;
+    }
+  }
 }

@@ -340,6 +340,7 @@ void bind_grad_scaler(py::module& m) {
               d["scale"] = r.scale;
               d["new_scale"] = r.new_scale;
               d["found_inf"] = r.found_inf;
+              d["overflowed_optimizers"] = py::tuple(py::cast(r.overflowed_optimizers));
               d["change"] = scale_change_name(r.change);
               d["grad_norm"] = r.grad_norm.has_value() ? py::object(py::float_(*r.grad_norm))
                                                        : py::object(py::none());

@@ -124,6 +124,11 @@ class StepRecord:
     """The scale after the update."""
     found_inf: bool
     """Whether a gradient of the iteration held inf/NaN (its steps were skipped)."""
+    overflowed_optimizers: Tuple[int, ...]
+    """Which optimizers' gradients held inf/NaN, ascending: j names the iteration's j-th
+    optimizer, from 0, in the order of each one's first unscale_, clip_grad_norm_ or step
+    since the update before; 23 stands for the 24th and every later one. Empty exactly
+    when found_inf is False."""
     change: str
     """What the update did to the scale: "none", "growth", "absorbed" (an overflow taken
     by hysteresis) or "backoff"."""

@@ -3,7 +3,11 @@
 
 #include "amp/optimizer_records.h"
 
+#include "amp/scale_rule.h"
+
 #include <c10/util/Exception.h>
+
+#include <cmath>
 
 namespace lucid {
 namespace amp {
@@ -58,17 +62,35 @@ void OptimizerRecords::read_summary(bool* all_read, bool* any_found) const {
 }
 
 at::Tensor OptimizerRecords::combined_found_inf(bool* all_read, bool* any_found) const {
-  // One optimizer's flag is used as it is, with no kernel: a launch here would add to
-  // every iteration's update() for the common case of a single optimizer.
-  at::Tensor combined;
+  // Each flag is 0 or 1, so adding flag * 2^j sets bit j, exactly in float32. The first
+  // optimizer's flag is bit 0 as it is, with no kernel: a launch here would add to every
+  // iteration's update() for the common case of a single optimizer. Optimizers past the
+  // last bit share it through a maximum, so the bit stays 0 or 1.
+  constexpr int kLastBit = kOverflowOptimizerBits - 1;
+  at::Tensor low;
+  at::Tensor last;
   for (const auto& entry : records_) {
     const OptimizerRecord& r = entry.second;
-    if (r.found_inf.defined()) {
-      combined = combined.defined() ? at::maximum(combined, r.found_inf) : r.found_inf;
+    if (!r.found_inf.defined()) {
+      continue;
+    }
+    if (r.ordinal >= kLastBit) {
+      last = last.defined() ? at::maximum(last, r.found_inf) : r.found_inf;
+      continue;
+    }
+    const double weight = std::ldexp(1.0, r.ordinal);
+    if (low.defined()) {
+      low = at::add(low, r.found_inf, weight);
+    } else {
+      low = r.ordinal == 0 ? r.found_inf : at::mul(r.found_inf, weight);
     }
   }
+  if (last.defined()) {
+    const double weight = std::ldexp(1.0, kLastBit);
+    low = low.defined() ? at::add(low, last, weight) : at::mul(last, weight);
+  }
   read_summary(all_read, any_found);
-  return combined;
+  return low;
 }
 
 }  // namespace detail

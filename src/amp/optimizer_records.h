@@ -20,6 +20,9 @@ namespace detail {
 
 struct OptimizerRecord {
   OptimizerStage stage = OptimizerStage::kReady;
+  // Its place in the iteration, from 0: the order of the first unscale_ or step of each
+  // optimizer since the last update(). The step log names overflowing optimizers by it.
+  int ordinal = 0;
   at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
   bool found_inf_read = false;   // the host has read found_inf
   bool found_inf_value = false;  // what it read
@@ -48,7 +51,11 @@ class OptimizerRecords {
   OptimizerRecord& at(OptimizerKey key) {
     TORCH_CHECK_VALUE(key, "GradScaler: an OptimizerView's key must not be null: use the "
                            "optimizer's address (&optimizer). Nothing was changed.");
-    return records_[key];
+    const auto inserted = records_.try_emplace(key);
+    if (inserted.second) {
+      inserted.first->second.ordinal = static_cast<int>(records_.size()) - 1;
+    }
+    return inserted.first->second;
   }
   // The record of `key`, or null if the optimizer was not seen in this iteration.
   const OptimizerRecord* find(OptimizerKey key) const;
@@ -57,8 +64,11 @@ class OptimizerRecords {
   static void check_can_unscale(const OptimizerRecord& record);
   static void check_can_step(const OptimizerRecord& record);
 
-  // The overflow flags of this iteration, combined (MAX); undefined when no optimizer
-  // recorded one. `all_read`: the host read every flag; `any_found`: one it read was set.
+  // The overflow flags of this iteration, combined into one whose bit j is the flag of the
+  // optimizer with ordinal j (ordinals from kOverflowOptimizerBits - 1 on share the last
+  // bit): non-zero exactly when one was set, and what the step log keeps (kLogFoundInf).
+  // Undefined when no optimizer recorded one. `all_read`: the host read every flag;
+  // `any_found`: one it read was set.
   at::Tensor combined_found_inf(bool* all_read, bool* any_found) const;
 
   // Whether any optimizer's overflow was checked in this iteration.

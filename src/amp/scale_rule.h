@@ -152,23 +152,27 @@ enum StepLogField : int {
   kLogUpdate,    // n: the update's number since the log was made or last cleared
   kLogScale,     // the scale this iteration's gradients were divided by
   kLogNewScale,  // the scale after the update
-  kLogFoundInf,  // 1: some gradient of the iteration held inf/NaN (its steps skipped)
+  kLogFoundInf,  // the update's flag: bit j set when the iteration's optimizer j overflowed
+                 // (OptimizerRecords::combined_found_inf); 0: none
   kLogEvent,     // ScaleEvent, as a number
   kLogGradNorm,  // the norm the iteration's last clip_grad_norm_ returned; -1: none
   kStepLogFields,
 };
 constexpr int64_t kStepLogRows = 1024;
+// The optimizers a float32 flag tells apart, one bit each (OptimizerRecords::
+// combined_found_inf): a float32 holds every integer below 2^24 exactly.
+constexpr int kOverflowOptimizerBits = 24;
 
 // Writes one update's row into the step log `log` (as above), after the update from `scale`
-// to `new_scale`; `grad_norm` may be null (no clip).
-LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_scale, bool found_inf,
+// to `new_scale` with the flag `found_inf`; `grad_norm` may be null (no clip).
+LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_scale, float found_inf,
                                          ScaleEvent event, const float* grad_norm) {
   const auto n = static_cast<int64_t>(log[0]);
   double* row = log + (1 + n % kStepLogRows) * kStepLogFields;
   row[kLogUpdate] = static_cast<double>(n);
   row[kLogScale] = scale;
   row[kLogNewScale] = new_scale;
-  row[kLogFoundInf] = found_inf ? 1.0 : 0.0;
+  row[kLogFoundInf] = found_inf;
   row[kLogEvent] = static_cast<double>(static_cast<int>(event));
   row[kLogGradNorm] = grad_norm != nullptr ? static_cast<double>(*grad_norm) : -1.0;
   log[0] = static_cast<double>(n + 1);

@@ -20,7 +20,8 @@ static_assert(static_cast<int>(ScaleChange::kNone) == static_cast<int>(ScaleEven
                       static_cast<int>(ScaleEvent::kAbsorbed) &&
                   static_cast<int>(ScaleChange::kBackoff) == static_cast<int>(ScaleEvent::kBackoff),
               "the public ScaleChange names detail::ScaleEvent's values");
-static_assert(kStepLogRows == kStepLogCapacity, "the device log keeps what the API promises");
+static_assert(kStepLogRows == kStepLogCapacity && kOverflowOptimizerBits == kStepLogOptimizers,
+              "the device log keeps what the API promises");
 
 void StepLog::place(const at::Device& device) {
   if (!log_.defined()) {
@@ -65,6 +66,12 @@ std::vector<StepRecord> StepLog::read(bool wait) {
     r.scale = row[kLogScale];
     r.new_scale = row[kLogNewScale];
     r.found_inf = row[kLogFoundInf] != 0.0;
+    const auto bits = static_cast<int64_t>(row[kLogFoundInf]);
+    for (int j = 0; j < kOverflowOptimizerBits; ++j) {
+      if ((bits >> j) & 1) {
+        r.overflowed_optimizers.push_back(j);
+      }
+    }
     r.change = static_cast<ScaleChange>(static_cast<int>(row[kLogEvent]));
     if (row[kLogGradNorm] >= 0.0 || std::isnan(row[kLogGradNorm])) {
       r.grad_norm = row[kLogGradNorm];

@@ -545,6 +545,8 @@ class Pair:
             self.fail(f"step log {r}: the scale moved by a {moved}")
         if r.change in ("backoff", "absorbed") and not r.found_inf:
             self.fail(f"step log {r}: a backoff without an overflow")
+        if bool(r.overflowed_optimizers) != r.found_inf:
+            self.fail(f"step log {r}: overflowed_optimizers disagrees with found_inf")
 
     def op_scaler_state(self, fresh):
         """state_dict() of both scalers compared, then loaded back into the same scaler or

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The step log (GradScaler.history): every update's scales, overflow, change and clip
-norm, checked against PyTorch's own scaler driven by the same random sequence; the ring's
+"""The step log (GradScaler.history): every update's scales, overflow (and in which
+optimizers), change and clip norm, checked against PyTorch's own scaler driven by the same
+random sequence; the ring's
 capacity; checkpoints; a graph-captured step's replays and a read that does not wait, on
 CUDA."""
 
@@ -69,6 +70,57 @@ def test_each_record_is_what_pytorchs_scaler_did_in_that_iteration(
     assert all(r.grad_norm is None for r in log)
 
 
+def torch_found_inf(scaler, opt):
+    """Whether PyTorch's scaler found inf/NaN in `opt`'s gradients this iteration."""
+    state = scaler._per_optimizer_states[id(opt)]
+    return sum(v.item() for v in state["found_inf_per_device"].values()) > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    iterations=st.lists(
+        st.tuples(
+            st.permutations(range(4)),
+            st.lists(st.booleans(), min_size=4, max_size=4),
+            st.lists(st.booleans(), min_size=4, max_size=4),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iterations):
+    """Four optimizers used in a random order each iteration, some through unscale_ first:
+    a record names, by place in that order, exactly the optimizers for which PyTorch's
+    scaler found inf/NaN."""
+    worlds = []
+    for cls in (lucid_amp.GradScaler, torch.amp.GradScaler):
+        params = [torch.zeros(3, requires_grad=True) for _ in range(4)]
+        opts = [torch.optim.SGD([q], lr=0.1) for q in params]
+        worlds.append((cls("cpu", init_scale=2.0**8), params, opts))
+    expected = []
+    for order, overflows, unscale_first in iterations:
+        named = None
+        for scaler, params, opts in worlds:
+            scaler.scale(torch.ones(()))
+            for i, q in enumerate(params):
+                q.grad = torch.full_like(q, 2.0)
+                if overflows[i]:
+                    q.grad[1] = float("nan")
+            for i in order:
+                if unscale_first[i]:
+                    scaler.unscale_(opts[i])
+                scaler.step(opts[i])
+            if isinstance(scaler, torch.amp.GradScaler):
+                named = tuple(
+                    place for place, i in enumerate(order) if torch_found_inf(scaler, opts[i])
+                )
+            scaler.update()
+        expected.append(named)
+    log = worlds[0][0].history(wait=True)
+    assert [r.overflowed_optimizers for r in log] == expected
+    assert [r.found_inf for r in log] == [bool(e) for e in expected]
+
+
 def test_hysteresis_is_logged_as_absorbed():
     scaler, p, opt = make(lucid_amp.GradScaler, init_scale=8.0, hysteresis=2)
     for _ in range(2):
@@ -130,8 +182,8 @@ def test_records_are_plain_and_write_to_csv():
     for record in scaler.history(wait=True):
         writer.writerow(dataclasses.asdict(record))
     assert out.getvalue().splitlines() == [
-        "update,scale,new_scale,found_inf,change,grad_norm",
-        "0,2.0,4.0,False,growth,",
+        "update,scale,new_scale,found_inf,overflowed_optimizers,change,grad_norm",
+        "0,2.0,4.0,False,(),growth,",
     ]
 
 

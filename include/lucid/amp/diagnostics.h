@@ -85,6 +85,9 @@ enum class ScaleChange {
 
 /// How many updates the step log keeps (GradScaler::history): the latest ones.
 constexpr int64_t kStepLogCapacity = 1024;
+/// How many optimizers of one iteration the step log tells apart
+/// (StepRecord::overflowed_optimizers).
+constexpr int kStepLogOptimizers = 24;
 
 /// One update() as the step log recorded it on the device (GradScaler::history).
 struct StepRecord {
@@ -98,6 +101,11 @@ struct StepRecord {
   double new_scale = 0.0;
   /// Whether a gradient of the iteration held inf/NaN (its steps were skipped).
   bool found_inf = false;
+  /// Which optimizers' gradients held inf/NaN, ascending: j names the iteration's j-th
+  /// optimizer, from 0, in the order of each one's first unscale_, clip_grad_norm_ or
+  /// step() since the update before. kStepLogOptimizers - 1 stands for that optimizer and
+  /// every later one. Empty exactly when found_inf is false.
+  std::vector<int> overflowed_optimizers;
   /// What the update did to the scale (a backoff held at min_scale is a backoff).
   ScaleChange change = ScaleChange::kNone;
   /// The total norm the iteration's last clip_grad_norm_ returned (before clipping, of

@@ -17,7 +17,8 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
   int32_t* tracker_ptr = growth_tracker.data_ptr<int32_t>();
   int32_t* overflow_ptr =
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr;
-  const bool found = *found_inf.data_ptr<float>() != 0.0f;
+  const float flag = *found_inf.data_ptr<float>();
+  const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;
   const detail::ScaleState state{*scale_ptr, *tracker_ptr,
                                  overflow_ptr != nullptr ? *overflow_ptr : 0};
@@ -31,7 +32,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
     detail::count_update(record.counts.data_ptr<int64_t>(), found, event);
   }
   if (record.log.defined()) {
-    detail::log_update(record.log.data_ptr<double>(), state.scale, next.scale, found, event,
+    detail::log_update(record.log.data_ptr<double>(), state.scale, next.scale, flag, event,
                        record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr);
   }
 }

@@ -16,7 +16,8 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     const float* grad_norm) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
-  const bool found = *found_inf != 0.0f;
+  const float flag = *found_inf;
+  const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;
   const detail::ScaleState next = detail::next_scale_state(state, found, rule, &event);
   *scale = next.scale;
@@ -28,7 +29,7 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
     detail::count_update(counts, found, event);
   }
   if (log != nullptr) {
-    detail::log_update(log, state.scale, next.scale, found, event, grad_norm);
+    detail::log_update(log, state.scale, next.scale, flag, event, grad_norm);
   }
 }
 

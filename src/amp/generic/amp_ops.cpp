@@ -131,7 +131,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
     const at::Tensor norm =
         record.grad_norm.defined() ? record.grad_norm : at::full({}, -1.0, scale.options());
     row = at::stack({logged, scale.to(at::kDouble), new_scale.to(at::kDouble),
-                     found.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)});
+                     found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)});
   }
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
