@@ -204,7 +204,7 @@ def test_reading_the_log_does_not_wait_for_the_device():
 
 @cuda
 def test_a_captured_steps_replays_are_logged_like_eager_updates():
-    opt_kwargs = dict(lr=0.1, fused=True)
+    opt_kwargs = dict(lr=0.1, fused=True, capturable=True)  # a captured Adam step needs it
     param = torch.zeros(4, device="cuda", requires_grad=True)
     opt = torch.optim.Adam([param], **opt_kwargs)
     scaler = lucid_amp.GradScaler("cuda", init_scale=1024.0, growth_interval=1000)
