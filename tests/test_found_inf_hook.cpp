@@ -46,6 +46,29 @@ TEST(FoundInfHook, RaisingTheFlagSkipsTheStepAndBacksOff) {
   EXPECT_EQ(scaler.get_scale(), 4.0);
 }
 
+// A hook may leave any non-zero value for an overflow (a sum over ranks, a negative
+// number): the flag becomes exactly 1, which the step log reads as that optimizer's bit.
+TEST(FoundInfHook, AnyNonZeroFlagItLeavesBecomesOne) {
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  const std::vector<float> left = {2.0f, 0.0f, -3.0f};
+  size_t call = 0;
+  scaler.set_found_inf_hook(hook_of([&](torch::Tensor& f) { f.fill_(left.at(call++)); }));
+  OneParam a, b, c;
+  scaler.scale(torch::ones({}));
+  for (OneParam* p : {&a, &b, &c}) {
+    p->param.mutable_grad() = torch::full({4}, 8.0);
+    scaler.step(p->optimizer);
+  }
+  EXPECT_EQ(scaler.found_inf(a.optimizer).item<float>(), 1.0f);
+  EXPECT_EQ(scaler.found_inf(b.optimizer).item<float>(), 0.0f);
+  EXPECT_EQ(scaler.found_inf(c.optimizer).item<float>(), 1.0f);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  const std::vector<lucid::amp::StepRecord> log = scaler.history(/*wait=*/true);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0].overflowed_optimizers, (std::vector<int>{0, 2}));
+}
+
 TEST(FoundInfHook, RunsForAnOptimizerWithoutGradientsOnceTheScaleExists) {
   GradScaler scaler;
   int calls = 0;

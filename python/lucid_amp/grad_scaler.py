@@ -932,7 +932,8 @@ class GradScaler(torch.amp.GradScaler):
     ) -> None:
         """``fn(found_inf)`` is called with each optimizer's overflow flag (a float32
         0-dim tensor on the scale's device; non-zero means overflow) each time unscale_ or
-        step computes it, before anything reads it; ``fn`` may change it in place.
+        step computes it, before anything reads it; ``fn`` may change it in place (any
+        non-zero value it leaves is an overflow, and the flag is then made exactly 1).
         ``norm_fn(found_inf, norm_partial, norm_type)``, if given, is what clip_grad_norm_
         calls instead, with the flag and the partial of the norm (the sum of ``|g|**p``, or
         the largest ``|g|`` for inf; float32 0-dim), both to be changed in place: a rank that

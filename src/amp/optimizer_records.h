@@ -20,8 +20,9 @@ namespace detail {
 
 struct OptimizerRecord {
   OptimizerStage stage = OptimizerStage::kReady;
-  // Its place in the iteration, from 0: the order of the first unscale_ or step of each
-  // optimizer since the last update(). The step log names overflowing optimizers by it.
+  // Its place in the iteration, from 0: the order of each optimizer's first unscale_,
+  // clip_grad_norm_ or step() since the last update(). The step log names overflowing
+  // optimizers by it.
   int ordinal = 0;
   at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
   bool found_inf_read = false;   // the host has read found_inf

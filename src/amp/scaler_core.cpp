@@ -81,6 +81,14 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
   return grads;
 }
 
+// A hook may leave any non-zero value for an overflow (a sum over ranks, say); the flag is
+// then made exactly 1, because PyTorch's fused optimizers skip only on a flag of 1, and the
+// step log reads the optimizers' flags as bits (OptimizerRecords::combined_found_inf).
+void agree(FoundInfHook& hook, at::Tensor& found_inf) {
+  hook.agree_(found_inf);
+  found_inf.copy_(found_inf.ne(0));
+}
+
 // The norm over every gradient a norm hook combines: this optimizer's partial (its
 // gradients checked in the same read pass), combined with the flag by the hook, then its
 // norm. A non-finite combined norm is an overflow wherever it is taken, so every party
@@ -94,7 +102,8 @@ at::Tensor combined_norm(FoundInfHook& hook, const std::vector<at::Tensor>& grad
       "GradScaler::clip_grad_norm_: the found-inf hook's agree_with_norm_ must leave the norm's "
       "partial a 1-element float32 tensor.");
   at::Tensor norm = norm_of_partial(partial.reshape({}), norm_type);
-  found_inf.copy_(at::maximum(found_inf, norm.isfinite().logical_not().to(at::kFloat)));
+  // 1 where the hook left the flag non-zero (as agree() makes it) or the norm is not finite.
+  found_inf.copy_(found_inf.ne(0).logical_or(norm.isfinite().logical_not()));
   return norm;
 }
 
@@ -148,7 +157,7 @@ void ScalerCore::record_overflow(const OptimizerView& view, OptimizerRecord& rec
     check_grads_finite_(grads, schedule_.scale(), found_inf);
   }
   if (found_inf_hook_) {
-    found_inf_hook_->agree_(found_inf);
+    agree(*found_inf_hook_, found_inf);
   }
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
@@ -199,7 +208,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   } else {
     norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
     if (found_inf_hook_) {
-      found_inf_hook_->agree_(found_inf);
+      agree(*found_inf_hook_, found_inf);
     }
   }
   record.found_inf = found_inf;

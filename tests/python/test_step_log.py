@@ -121,6 +121,24 @@ def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iteration
     assert [r.found_inf for r in log] == [bool(e) for e in expected]
 
 
+@pytest.mark.parametrize("left", [2.0, -1.0])
+def test_a_hooks_non_zero_flag_skips_pytorchs_fused_step_and_names_its_optimizer(left):
+    """A found-inf hook may leave any non-zero value (a sum over ranks, say): PyTorch's
+    fused optimizers skip only on a flag of exactly 1, so the scaler makes it 1, and the
+    log names the optimizer by its bit."""
+    scaler = lucid_amp.GradScaler("cpu", init_scale=8.0)
+    scaler.set_found_inf_hook(lambda f: f.fill_(left))
+    param = torch.ones(3, requires_grad=True)
+    opt = torch.optim.Adam([param], lr=0.1, fused=True)
+    scaler.scale(torch.ones(()))
+    param.grad = torch.full_like(param, 8.0)
+    scaler.step(opt)
+    assert torch.equal(param.detach(), torch.ones(3)), "the fused step ran on an overflow"
+    scaler.update()
+    assert scaler.get_scale() == 4.0
+    assert [r.overflowed_optimizers for r in scaler.history(wait=True)] == [(0,)]
+
+
 def test_hysteresis_is_logged_as_absorbed():
     scaler, p, opt = make(lucid_amp.GradScaler, init_scale=8.0, hysteresis=2)
     for _ in range(2):

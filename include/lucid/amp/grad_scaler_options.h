@@ -114,7 +114,8 @@ class FoundInfHook {
   /// Called with an optimizer's overflow flag (float32, 0-dim, on the scale's device; 0
   /// means clean) each time unscale_, step or (unless combines_norm()) clip_grad_norm_
   /// computes it, before anything reads it. May change the flag in place: a binding
-  /// all-reduces it (MAX).
+  /// all-reduces it (MAX). Any non-zero value it leaves is an overflow, and the scaler
+  /// then makes the flag exactly 1 (PyTorch's fused optimizers skip only on 1).
   virtual void agree_(at::Tensor& found_inf) = 0;
 
   /// Whether clip_grad_norm_ calls agree_with_norm_ instead of agree_: true for a binding
