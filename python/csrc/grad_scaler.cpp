@@ -213,6 +213,8 @@ std::unique_ptr<GradScaler> make_scaler(const py::kwargs& kwargs) {
 }  // namespace
 
 void bind_grad_scaler(py::module& m) {
+  m.attr("step_log_capacity") = amp::kStepLogCapacity;
+  m.attr("step_log_optimizers") = amp::kStepLogOptimizers;
   m.def("clip_grad_norm_",
         torch::wrap_pybind_function([](const std::vector<at::Tensor>& parameters, double max_norm,
                                        double norm_type, bool error_if_nonfinite) {

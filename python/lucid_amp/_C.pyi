@@ -22,6 +22,10 @@ import torch
 version: str
 #: Whether the extension was compiled with lucid-amp's CUDA kernels.
 with_cuda: bool
+#: How many updates the step log keeps (kStepLogCapacity).
+step_log_capacity: int
+#: How many optimizers of one iteration the step log tells apart (kStepLogOptimizers).
+step_log_optimizers: int
 
 # One optimizer's parameters, one sequence per param group (typing only).
 _ParamGroups = Sequence[Sequence[torch.Tensor]]

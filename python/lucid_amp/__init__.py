@@ -52,6 +52,11 @@ __version__ = _C.version
 
 #: Whether the extension was compiled with lucid-amp's CUDA kernels.
 with_cuda = bool(_C.with_cuda)
+#: How many updates the step log keeps (GradScaler.history): the latest ones.
+STEP_LOG_CAPACITY = int(_C.step_log_capacity)
+#: How many optimizers of one iteration the step log tells apart
+#: (StepRecord.overflowed_optimizers).
+STEP_LOG_OPTIMIZERS = int(_C.step_log_optimizers)
 
 __all__ = [
     "GradScaler",
@@ -66,4 +71,6 @@ __all__ = [
     "optim",
     "clip_grad_norm_",
     "with_cuda",
+    "STEP_LOG_CAPACITY",
+    "STEP_LOG_OPTIMIZERS",
 ]

@@ -127,8 +127,8 @@ class StepRecord:
     overflowed_optimizers: Tuple[int, ...]
     """Which optimizers' gradients held inf/NaN, ascending: j names the iteration's j-th
     optimizer, from 0, in the order of each one's first unscale_, clip_grad_norm_ or step
-    since the update before; 23 stands for the 24th and every later one. Empty exactly
-    when found_inf is False."""
+    since the update before; STEP_LOG_OPTIMIZERS - 1 (23) stands for that one and every
+    later one. Empty exactly when found_inf is False."""
     change: str
     """What the update did to the scale: "none", "growth", "absorbed" (an overflow taken
     by hysteresis) or "backoff"."""
@@ -888,12 +888,12 @@ class GradScaler(torch.amp.GradScaler):
         return _report(self._core.last_overflow())
 
     def history(self, wait: bool = False) -> List[StepRecord]:
-        """The step log: what each of the last 1024 updates that ran the schedule did,
-        oldest first, recorded on the device by the update itself (replays of a captured
-        update included). Never waits for the device unless ``wait``: it returns what its
-        last copy of the log held once that copy has landed and starts the next one, so on
-        a GPU a call sees the updates queued before the previous call; ``wait=True``
-        copies now and waits. Empty before the first scale(); restoring lucid-amp's own
+        """The step log: what each of the last STEP_LOG_CAPACITY (1024) updates that ran
+        the schedule did, oldest first, recorded on the device by the update itself
+        (replays of a captured update included). Never waits for the device unless
+        ``wait``: it returns what its last copy of the log held once that copy has landed
+        and starts the next one, so on a GPU a call sees the updates queued before the
+        previous call; ``wait=True`` copies now and waits. Empty before the first scale(); restoring lucid-amp's own
         state (its state_dict, pickle) clears it, PyTorch's state_dict keys keep it."""
         return [StepRecord(**r) for r in self._core.history(wait)]
 

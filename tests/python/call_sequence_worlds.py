@@ -24,8 +24,9 @@ The oracle, call by call:
 - the same scale (get_scale(), exactly), the same state_dict() of the scaler, the same
   skip decision at every step (world B: whether the scaler called optimizer.step()).
 - after each update() that ran the schedule, world A's step log ends with its record: the
-  scales before and after it as world B's, the change the scale made, and an overflow for
-  every backoff or absorbed one.
+  scales before and after it as world B's, the change the scale made, an overflow for
+  every backoff or absorbed one, and the optimizers (by first use in the iteration) in
+  which world B's scaler found inf.
 - the same parameters and gradients, bit for bit, when world A's optimizer is a
   torch.optim one. A fused optimizer is not bitwise equal to torch.optim (its kernel
   unscales as it reads and uses its own operation order); there every step is compared
@@ -496,7 +497,15 @@ class Pair:
             arg = float(value) if form == "float" else None
         invalid = new_scale is not None and not (math.isfinite(new_scale[1]) and new_scale[1] > 0)
 
+        overflowed = []  # world B's optimizers, by first use, whose gradients overflowed
+
         def update(w):
+            if w is self.b:
+                # PyTorch's records are made at each optimizer's first use in the iteration
+                # (insertion order) and dropped by update().
+                for place, state in enumerate(w.scaler._per_optimizer_states.values()):
+                    if sum(v.item() for v in state["found_inf_per_device"].values()) > 0:
+                        overflowed.append(min(place, lucid_amp.STEP_LOG_OPTIMIZERS - 1))
             if new_scale is not None and new_scale[0] != "float":
                 shape = () if new_scale[0] == "tensor0" else (1,)
                 w.scaler.update(torch.full(shape, float(new_scale[1])))
@@ -529,11 +538,12 @@ class Pair:
             self.stats["backoffs"] += after < before
             self.stats["growths"] += after > before
             if new_scale is None and self.a.scaler.is_enabled():
-                self.check_step_log(before, after)
+                self.check_step_log(before, after, tuple(sorted(set(overflowed))))
         self.compare_tensors()
 
-    def check_step_log(self, before, after):
-        """The step log's newest record is this update, as the reference scaler did it."""
+    def check_step_log(self, before, after, overflowed):
+        """The step log's newest record is this update, as the reference scaler did it:
+        its scales, its change, and the optimizers (by first use) in which it found inf."""
         log = self.a.scaler.history(wait=True)
         if not log:
             self.fail("a scheduled update left no record in the step log")
@@ -545,8 +555,8 @@ class Pair:
             self.fail(f"step log {r}: the scale moved by a {moved}")
         if r.change in ("backoff", "absorbed") and not r.found_inf:
             self.fail(f"step log {r}: a backoff without an overflow")
-        if bool(r.overflowed_optimizers) != r.found_inf:
-            self.fail(f"step log {r}: overflowed_optimizers disagrees with found_inf")
+        if r.overflowed_optimizers != overflowed or r.found_inf != bool(overflowed):
+            self.fail(f"step log {r}: the reference found inf in optimizers {overflowed}")
 
     def op_scaler_state(self, fresh):
         """state_dict() of both scalers compared, then loaded back into the same scaler or

@@ -161,13 +161,14 @@ def test_the_clip_norm_is_logged_finite_or_not():
     assert log[2].grad_norm is None
 
 
-def test_it_keeps_the_latest_1024_updates():
+def test_it_keeps_the_latest_step_log_capacity_updates():
     scaler, p, opt = make(lucid_amp.GradScaler, growth_interval=10**6)
-    n = 1024 + 5
+    assert lucid_amp.STEP_LOG_CAPACITY == 1024
+    n = lucid_amp.STEP_LOG_CAPACITY + 5
     for i in range(n):
         one_iteration(scaler, p, opt, overflow=i == n - 1)
     log = scaler.history(wait=True)
-    assert len(log) == 1024
+    assert len(log) == lucid_amp.STEP_LOG_CAPACITY
     assert (log[0].update, log[-1].update) == (5, n - 1)
     assert log[-1].found_inf and not log[-2].found_inf
 
