@@ -7,8 +7,9 @@ N one-element float32 parameters (144 by default, the tensor count of bench_loop
     which takes and checks every tensor, and adam_, which launches),
   * lucid_amp.GradScaler step + update with that optimizer, and clip_grad_norm_ + step +
     update (bench_loops.py's clipped loop),
-  * torch.optim.AdamW(foreach=True).step() beside them (and fused=True where the
-    installed PyTorch has it for the device),
+  * torch.optim.AdamW(foreach=True).step() beside them, and where the installed PyTorch
+    has fused=True for the device, that step alone and with torch.amp.GradScaler's step +
+    update,
 as the best of 5 runs of `iters` back-to-back calls (per call, in microseconds). On a GPU
 the calls are asynchronous and this is the time the host spends enqueueing them; on the
 CPU it includes the kernels, which for one-element tensors cost little. With --sync each
@@ -105,6 +106,16 @@ def main():
             print(f"  torch.optim.AdamW({kind}=True): not available here ({err})")
             continue
         rows.append((f"torch.optim.AdamW({kind}=True): step()", ref.step))
+        if kind == "fused":
+            torch_scaler = torch.amp.GradScaler(dev, init_scale=1.0)
+            torch_scaler.scale(torch.ones((), device=dev))
+
+            def torch_step_update(ref=ref, torch_scaler=torch_scaler):
+                torch_scaler.step(ref)
+                torch_scaler.update()
+
+            rows.append(("torch.amp.GradScaler step + update, AdamW(fused=True)",
+                         torch_step_update))
     for name, fn in rows:
         print(f"  {name:<55} {per_call_us(fn, iters, dev, args.sync):8.2f} us per call")
 
