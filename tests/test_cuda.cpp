@@ -5,6 +5,7 @@
 #include "support/scaler_fixtures.h"
 
 #include "amp/kernel_routing.h"
+#include "support/first_overflow_check.h"
 
 #ifdef LUCID_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -342,6 +343,17 @@ TEST_F(Cuda, UnscaleAndCheckFindEveryTensorOfShortAndLongLists) {
   }
 }
 
+// The kernels' record of the first non-finite gradient: short and long lists (offsets in
+// shared and in global memory), mixed dtypes (one launch each), a slot on the GPU and one
+// on the CPU (lowered through one on the GPU).
+TEST_F(Cuda, EveryCheckRecordsTheSmallestKeyOfANonFiniteGradient) {
+  for (const int count : {1, 40, 5000}) {
+    lucid_test::expect_checks_record_the_first_overflow(gpu, gpu, count,
+                                                        static_cast<unsigned>(count));
+  }
+  lucid_test::expect_checks_record_the_first_overflow(gpu, torch::kCPU, 40, 9);
+}
+
 TEST_F(Cuda, ReadOnlyCheckWritesNothingAndFindsOverflowAfterScaling) {
   auto g = torch::full({100003}, 2.0, gpu);
   auto found = torch::zeros({}, gpu);
@@ -536,6 +548,15 @@ void capture_training_step_and_replay_like_eager(GradScalerOptions options) {
     EXPECT_EQ(log[i].found_inf, twin_log[i].found_inf);
     EXPECT_EQ(log[i].change, twin_log[i].change);
     EXPECT_EQ(log[i].found_inf, i == 2 || i == 3 || i == 5);
+    // The checks name the weight (parameter 0 of the iteration's one optimizer), replays
+    // as the eager updates.
+    ASSERT_EQ(log[i].first_overflow.has_value(), log[i].found_inf);
+    ASSERT_EQ(twin_log[i].first_overflow.has_value(), twin_log[i].found_inf);
+    if (log[i].found_inf) {
+      EXPECT_EQ(log[i].first_overflow->optimizer, 0);
+      EXPECT_EQ(log[i].first_overflow->parameter, 0);
+      EXPECT_EQ(twin_log[i].first_overflow->parameter, 0);
+    }
   }
   EXPECT_EQ(scaler.get_scale(), 128.0);
   // 3 warm-ups and 3 replays; three overflowed (the last warm-up, replays 0 and 2), each

@@ -624,3 +624,134 @@ TEST(StepLog, NamesTheOptimizersThatOverflowedByTheirPlaceInTheIteration) {
     }
   }
 }
+
+namespace {
+
+using lucid::amp::GradientPlace;
+
+// One optimizer of the first-overflow test: two param groups of float32 and float64
+// parameters, one of more elements than a CPU chunk (64 Ki) so that a tensor spans chunks.
+struct GroupedOptimizer {
+  explicit GroupedOptimizer(std::mt19937& rng) {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    for (int g = 0; g < 2; ++g) {
+      std::vector<torch::Tensor> group;
+      for (int i = 0; i < 3; ++i) {
+        const int64_t n = rng() % 4 == 0 ? 70000 : 1 + rng() % 40;
+        group.push_back(
+            torch::zeros({n}, rng() % 3 == 0 ? torch::kDouble : torch::kFloat).requires_grad_());
+        params.push_back(group.back());
+      }
+      groups.emplace_back(group);
+    }
+    optimizer = std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.0));
+  }
+  std::vector<torch::Tensor> params;  // param groups concatenated
+  std::unique_ptr<torch::optim::SGD> optimizer;
+};
+
+}  // namespace
+
+TEST(StepLog, NamesTheFirstNonFiniteGradientOfTheFirstOverflowingOptimizer) {
+  for (const bool generic : {false, true}) {
+    std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
+    if (generic) {
+      force = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+    std::mt19937 rng(generic ? 5 : 4);
+    std::vector<std::unique_ptr<GroupedOptimizer>> opts;
+    for (int j = 0; j < 3; ++j) {
+      opts.push_back(std::make_unique<GroupedOptimizer>(rng));
+    }
+    GradScaler scaler(GradScalerOptions().init_scale(1 << 10));
+    std::vector<std::optional<std::pair<int, int64_t>>> expected;
+    std::vector<int> order{0, 1, 2};
+    for (int it = 0; it < 60; ++it) {
+      std::shuffle(order.begin(), order.end(), rng);
+      scale_loss(scaler);
+      std::optional<std::pair<int, int64_t>> first;
+      for (int place = 0; place < 3; ++place) {
+        GroupedOptimizer& o = *opts[order[place]];
+        for (size_t k = 0; k < o.params.size(); ++k) {
+          torch::Tensor& p = o.params[k];
+          const uint32_t roll = rng() % 10;
+          if (roll == 0) {
+            p.mutable_grad() = torch::Tensor();  // took no part: it keeps its position
+            continue;
+          }
+          p.mutable_grad() = torch::ones_like(p);
+          if (roll == 1) {  // an inf or a NaN, anywhere in the tensor
+            p.mutable_grad()[static_cast<int64_t>(rng() % p.numel())] = rng() % 2 ? kFInf : kFNaN;
+            if (!first.has_value()) {
+              first = std::make_pair(place, static_cast<int64_t>(k));
+            }
+          }
+        }
+        switch (rng() % 3) {  // the three checks: unscale_, clip_grad_norm_, step's own
+          case 0:
+            scaler.unscale_(*o.optimizer);
+            break;
+          case 1:
+            scaler.clip_grad_norm_(*o.optimizer, 1.0);
+            break;
+          default:
+            break;
+        }
+        scaler.step(*o.optimizer);
+      }
+      scaler.update();
+      expected.push_back(first);
+    }
+    const std::vector<StepRecord> log = history_of(scaler);
+    ASSERT_EQ(log.size(), expected.size());
+    int named = 0;
+    for (size_t i = 0; i < log.size(); ++i) {
+      ASSERT_EQ(log[i].first_overflow.has_value(), expected[i].has_value())
+          << "iteration " << i << " generic " << generic;
+      if (expected[i].has_value()) {
+        ++named;
+        EXPECT_EQ(log[i].first_overflow->optimizer, expected[i]->first) << i;
+        EXPECT_EQ(log[i].first_overflow->parameter, expected[i]->second) << i;
+      }
+    }
+    EXPECT_GT(named, 20);  // most iterations overflow somewhere, and are named
+  }
+}
+
+TEST(StepLog, NamesNoGradientForAHooksFlagOrAnIterationEndedByUpdateNewScale) {
+  // A flag raised by a hook (another rank's overflow) names no local gradient.
+  struct Raise : lucid::amp::FoundInfHook {
+    void agree_(at::Tensor& found_inf) override { found_inf.fill_(1.0); }
+  };
+  GradScaler scaler(GradScalerOptions().init_scale(8));
+  scaler.set_found_inf_hook(std::make_shared<Raise>());
+  OneParam p;
+  scale_loss(scaler);
+  p.clean_grad();
+  scaler.step(p.optimizer);
+  scaler.update();
+  scaler.set_found_inf_hook(nullptr);
+  // An overflow whose iteration update(new_scale) ends logs nothing; the next iteration,
+  // clean, names nothing either.
+  scale_loss(scaler);
+  p.inf_grad();
+  scaler.step(p.optimizer);
+  scaler.update(4.0);
+  scale_loss(scaler);
+  p.clean_grad();
+  scaler.step(p.optimizer);
+  scaler.update();
+  scale_loss(scaler);
+  p.inf_grad();
+  scaler.step(p.optimizer);
+  scaler.update();
+  const std::vector<StepRecord> log = history_of(scaler);
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_TRUE(log[0].found_inf);
+  EXPECT_FALSE(log[0].first_overflow.has_value());
+  EXPECT_FALSE(log[1].found_inf);
+  EXPECT_FALSE(log[1].first_overflow.has_value());
+  ASSERT_TRUE(log[2].first_overflow.has_value());
+  EXPECT_EQ(log[2].first_overflow->optimizer, 0);
+  EXPECT_EQ(log[2].first_overflow->parameter, 0);
+}

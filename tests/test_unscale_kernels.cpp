@@ -6,12 +6,14 @@
 
 #include <ATen/ATen.h>
 
-#include "amp/kernel_routing.h"
-#include "amp/cpu/amp_kernels.h"
 #include "amp/backend.h"
+#include "amp/cpu/amp_kernels.h"
+#include "amp/kernel_routing.h"
+#include "support/first_overflow_check.h"
 
 #include <cfloat>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -179,6 +181,20 @@ TEST(UnscaleRouting, FoundInfIsOnlyRaisedNeverCleared) {
   at::Tensor found = at::ones({}, at::kFloat);
   lucid::amp::detail::unscale_grads_(grads, at::full({}, 2.0f, at::kFloat), found);
   EXPECT_EQ(found.item<float>(), 1.0f);
+}
+
+TEST(UnscaleRouting, EveryCheckRecordsTheSmallestKeyOfANonFiniteGradient) {
+  for (const bool generic : {false, true}) {
+    std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
+    if (generic) {
+      force = std::make_unique<lucid::amp::detail::ForceGenericBackendGuard>();
+    }
+    for (const int count : {1, 7, 60}) {
+      SCOPED_TRACE(generic ? "generic" : "cpu");
+      lucid_test::expect_checks_record_the_first_overflow(at::kCPU, at::kCPU, count,
+                                                          static_cast<unsigned>(count));
+    }
+  }
 }
 
 // --- the scale update: CPU twin, generic tensor ops and the host rule agree ---------

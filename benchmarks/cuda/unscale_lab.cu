@@ -322,7 +322,8 @@ int main() {
     auto launch = [&](auto write, auto staged, const Table& t) {
       constexpr bool kWriteV = decltype(write)::value, kStagedV = decltype(staged)::value;
       unscale_kernel<float, kWriteV, kStagedV>
-          <<<grid_for(t), kUnscaleThreads, kStagedV ? offsets_bytes(t) : 0>>>(t, sc(), flag);
+          <<<grid_for(t), kUnscaleThreads, kStagedV ? offsets_bytes(t) : 0>>>(t, sc(), flag,
+                                                                              nullptr);
     };
     auto staged_and_global = [&](auto write, const std::string& what, double bytes_per_element) {
       for (const auto& [label, chunk] : unscale_chunks) {
@@ -378,7 +379,7 @@ int main() {
     const float inf = INFINITY;
     const int mid = nt / 2;
     CHECK(cudaMemcpy(lists[AdamList::kGrad][mid] + l.sizes[mid] - 1, &inf, sizeof(float), cudaMemcpyHostToDevice));
-    CHECK(launch_unscale_and_check(grads_tt, ElementType::kFloat32, scales, flag, 0));
+    CHECK(launch_unscale_and_check(grads_tt, ElementType::kFloat32, scales, flag, nullptr, 0));
     CHECK(cudaMemcpy(&f, flag, sizeof(float), cudaMemcpyDeviceToHost));
     std::printf("%-10s flag after an injected inf (must be 1): %g\n", l.name.c_str(), f);
     for (auto& list : lists)

@@ -343,6 +343,10 @@ void bind_grad_scaler(py::module& m) {
               d["new_scale"] = r.new_scale;
               d["found_inf"] = r.found_inf;
               d["overflowed_optimizers"] = py::tuple(py::cast(r.overflowed_optimizers));
+              d["first_overflow"] = r.first_overflow.has_value()
+                                        ? py::object(py::make_tuple(r.first_overflow->optimizer,
+                                                                    r.first_overflow->parameter))
+                                        : py::object(py::none());
               d["change"] = scale_change_name(r.change);
               d["grad_norm"] = r.grad_norm.has_value() ? py::object(py::float_(*r.grad_norm))
                                                        : py::object(py::none());

@@ -129,6 +129,13 @@ class StepRecord:
     optimizer, from 0, in the order of each one's first unscale_, clip_grad_norm_ or step
     since the update before; STEP_LOG_OPTIMIZERS - 1 (23) stands for that one and every
     later one. Empty exactly when found_inf is False."""
+    first_overflow: Optional[Tuple[int, int]]
+    """The first gradient the iteration's checks found holding inf/NaN once unscaled, as
+    (optimizer, parameter): the first such optimizer (numbered as in
+    overflowed_optimizers) and its first such parameter, by position among its
+    parameters with the param groups concatenated (parameters without a gradient count).
+    None when none did; so also when only a found-inf hook raised the flag (another rank)
+    or the norm alone overflowed."""
     change: str
     """What the update did to the scale: "none", "growth", "absorbed" (an overflow taken
     by hysteresis) or "backoff"."""

@@ -29,6 +29,18 @@ struct UpdateRecord {
   at::Tensor log;
   // float32, 0-dim: the norm the log records for the iteration; undefined: none (-1).
   at::Tensor grad_norm;
+  // int64, 0-dim: the iteration's first overflow (NOTE: [First overflow] in scale_rule.h),
+  // logged with the row and set back to detail::kNoOverflowKey; undefined: not logged.
+  at::Tensor first_overflow;
+};
+
+// Where a check records the first gradient it finds non-finite (NOTE: [First overflow] in
+// scale_rule.h): `slot` (int64, 0-dim, on any device) is lowered to the smallest key among
+// the gradients that hold a non-finite value once unscaled; keys[i] is the key of the
+// list's gradient i. An undefined slot records nothing.
+struct OverflowSite {
+  at::Tensor slot;
+  std::vector<int64_t> keys;
 };
 
 // The norms a device table accumulates itself; every other norm type is computed from
@@ -49,13 +61,14 @@ struct AmpBackend {
   //              float32, float64 or bfloat16, mixed allowed.
   //   scale:     float32, 0-dim, any device.
   //   found_inf: float32, 0-dim, any device; only ever raised.
+  //   site:      where the first non-finite gradient is recorded (OverflowSite).
   void (*unscale_and_check_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                             at::Tensor& found_inf);
+                             at::Tensor& found_inf, const OverflowSite& site);
 
   // The read-only twin: raises `found_inf` when any gradient times 1/scale is
   // non-finite. `scale` may be undefined (multiply by 1). Args as above.
   void (*check_finite_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                        at::Tensor& found_inf);
+                        at::Tensor& found_inf, const OverflowSite& site);
 
   // The read-only check with the gradients' norm accumulated in the same pass: raises
   // `found_inf` as check_finite_ does, and returns the norm's partial over these
@@ -64,7 +77,7 @@ struct AmpBackend {
   // float32 per chunk of work and reduced in a fixed order, so the same gradients give
   // the same bits run to run. NaN reaches the result. Args as check_finite_.
   at::Tensor (*check_and_norm_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                                at::Tensor& found_inf, NormKind kind);
+                                at::Tensor& found_inf, const OverflowSite& site, NormKind kind);
 
   // One step of the scale rule, detail::next_scale_state: with the guards of `rule` off
   // PyTorch's sawtooth, else with hysteresis (and its refill mode) and max_scale.

@@ -35,16 +35,20 @@ const AmpBackend& backend_for(const at::Tensor& dense) {
   return table != nullptr && dense.is_non_overlapping_and_dense() ? *table : generic::amp_backend();
 }
 
-// One multi-tensor launch: the tensors of one device that one backend takes.
+// One multi-tensor launch: the tensors of one device that one backend takes, with their
+// keys where the first overflow is recorded.
 struct LaunchGroup {
   const AmpBackend* backend;
   at::Device device;
   std::vector<at::Tensor> tensors;
+  OverflowSite site;
 };
 
-std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tensor>& grads) {
+std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tensor>& grads,
+                                                     const OverflowSite& site) {
   std::vector<LaunchGroup> groups;
-  for (const auto& grad : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& grad = grads[i];
     // Sparse gradients are unscaled and checked through their values (an alias).
     at::Tensor dense = grad.is_sparse() ? grad._values() : grad;
     const AmpBackend* backend = &backend_for(dense);
@@ -52,10 +56,13 @@ std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tenso
       return g.backend == backend && g.device == dense.device();
     });
     if (it == groups.end()) {
-      groups.push_back({backend, dense.device(), {}});
+      groups.push_back({backend, dense.device(), {}, {site.slot, {}}});
       it = std::prev(groups.end());
     }
     it->tensors.push_back(std::move(dense));
+    if (site.slot.defined()) {
+      it->site.keys.push_back(site.keys[i]);
+    }
   }
   return groups;
 }
@@ -63,11 +70,11 @@ std::vector<LaunchGroup> group_by_backend_and_device(const std::vector<at::Tenso
 // kWrite false: the read-only check. `scale` may be undefined there (multiply by 1).
 template <bool kWrite>
 void run_group(const AmpBackend& backend, const std::vector<at::Tensor>& tensors,
-               const at::Tensor& scale, at::Tensor& found_inf) {
+               const at::Tensor& scale, at::Tensor& found_inf, const OverflowSite& site) {
   if (kWrite) {
-    backend.unscale_and_check_(tensors, scale, found_inf);
+    backend.unscale_and_check_(tensors, scale, found_inf, site);
   } else {
-    backend.check_finite_(tensors, scale, found_inf);
+    backend.check_finite_(tensors, scale, found_inf, site);
   }
 }
 
@@ -91,29 +98,31 @@ const AmpBackend* one_dense_backend(const std::vector<at::Tensor>& grads) {
 
 template <bool kWrite>
 void run_groups(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                at::Tensor& found_inf) {
+                at::Tensor& found_inf, const OverflowSite& site) {
   if (grads.empty()) {
     return;
   }
+  TORCH_INTERNAL_ASSERT(!site.slot.defined() || site.keys.size() == grads.size(),
+                        "one overflow key per gradient");
   if (const AmpBackend* backend = one_dense_backend(grads)) {
-    run_group<kWrite>(*backend, grads, scale, found_inf);
+    run_group<kWrite>(*backend, grads, scale, found_inf, site);
     return;
   }
-  for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
-    run_group<kWrite>(*group.backend, group.tensors, scale, found_inf);
+  for (const LaunchGroup& group : group_by_backend_and_device(grads, site)) {
+    run_group<kWrite>(*group.backend, group.tensors, scale, found_inf, group.site);
   }
 }
 
 }  // namespace
 
 void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                    at::Tensor& found_inf) {
-  run_groups<true>(grads, scale, found_inf);
+                    at::Tensor& found_inf, const OverflowSite& site) {
+  run_groups<true>(grads, scale, found_inf, site);
 }
 
 void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                         at::Tensor& found_inf) {
-  run_groups<false>(grads, scale, found_inf);
+                         at::Tensor& found_inf, const OverflowSite& site) {
+  run_groups<false>(grads, scale, found_inf, site);
 }
 
 namespace {
@@ -121,17 +130,20 @@ namespace {
 // The norm's partials of every launch group (one per backend and device), combined on
 // `found_inf`'s device: summed for kTwo, the largest for kInf (ATen's max keeps NaN).
 at::Tensor combined_partial(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                            at::Tensor& found_inf, NormKind kind) {
+                            at::Tensor& found_inf, const OverflowSite& site, NormKind kind) {
+  TORCH_INTERNAL_ASSERT(!site.slot.defined() || site.keys.size() == grads.size(),
+                        "one overflow key per gradient");
   std::vector<at::Tensor> partials;
-  const auto add = [&](const AmpBackend& backend, const std::vector<at::Tensor>& tensors) {
-    partials.push_back(
-        backend.check_and_norm_(tensors, scale, found_inf, kind).to(found_inf.device()));
+  const auto add = [&](const AmpBackend& backend, const std::vector<at::Tensor>& tensors,
+                       const OverflowSite& tensors_site) {
+    partials.push_back(backend.check_and_norm_(tensors, scale, found_inf, tensors_site, kind)
+                           .to(found_inf.device()));
   };
   if (const AmpBackend* backend = one_dense_backend(grads)) {
-    add(*backend, grads);
+    add(*backend, grads, site);
   } else {
-    for (const LaunchGroup& group : group_by_backend_and_device(grads)) {
-      add(*group.backend, group.tensors);
+    for (const LaunchGroup& group : group_by_backend_and_device(grads, site)) {
+      add(*group.backend, group.tensors, group.site);
     }
   }
   if (partials.size() == 1) {
@@ -185,17 +197,17 @@ void raise_if_not_finite(at::Tensor& found_inf, const at::Tensor& value) {
 
 at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
                                          const at::Tensor& scale, at::Tensor& found_inf,
-                                         double norm_type) {
+                                         double norm_type, const OverflowSite& site) {
   if (grads.empty()) {
     return at::zeros({}, found_inf.options());
   }
   at::Tensor partial;
   if (norm_type == 2.0) {
-    partial = combined_partial(grads, scale, found_inf, NormKind::kTwo);
+    partial = combined_partial(grads, scale, found_inf, site, NormKind::kTwo);
   } else if (std::isinf(norm_type)) {
-    partial = combined_partial(grads, scale, found_inf, NormKind::kInf);
+    partial = combined_partial(grads, scale, found_inf, site, NormKind::kInf);
   } else {
-    run_groups<false>(grads, scale, found_inf);
+    run_groups<false>(grads, scale, found_inf, site);
     partial = sum_of_powers(grads, scale, found_inf, norm_type);
   }
   raise_if_not_finite(found_inf, partial);
@@ -213,17 +225,18 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type) {
 }
 
 at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                                 at::Tensor& found_inf, double norm_type) {
+                                 at::Tensor& found_inf, double norm_type,
+                                 const OverflowSite& site) {
   if (grads.empty()) {
     return at::zeros({}, found_inf.options());
   }
   at::Tensor norm;
   if (norm_type == 2.0) {
-    norm = combined_partial(grads, scale, found_inf, NormKind::kTwo).sqrt();
+    norm = combined_partial(grads, scale, found_inf, site, NormKind::kTwo).sqrt();
   } else if (std::isinf(norm_type)) {
-    norm = combined_partial(grads, scale, found_inf, NormKind::kInf);
+    norm = combined_partial(grads, scale, found_inf, site, NormKind::kInf);
   } else {
-    run_groups<false>(grads, scale, found_inf);
+    run_groups<false>(grads, scale, found_inf, site);
     norm = norm_of_norms(grads, scale, found_inf, norm_type);
   }
   raise_if_not_finite(found_inf, norm);
@@ -236,7 +249,7 @@ at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
 
 at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, double norm_type, double max_norm,
-                                 at::Tensor* divisor) {
+                                 at::Tensor* divisor, const OverflowSite& site) {
   const bool fused_norm = norm_type == 2.0 || std::isinf(norm_type);
   const AmpBackend* table = fused_norm && !grads.empty() && !generic_backend_forced()
                                 ? device_kernels(scale.device().type()).amp
@@ -246,12 +259,12 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
       std::all_of(grads.begin(), grads.end(),
                   [&](const at::Tensor& g) { return g.device() == scale.device(); });
   if (!one_launch) {
-    at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type);
+    at::Tensor norm = check_grads_and_norm_(grads, scale, found_inf, norm_type, site);
     *divisor = scale / clip_coefficient(norm, max_norm);
     return norm;
   }
   const NormKind kind = norm_type == 2.0 ? NormKind::kTwo : NormKind::kInf;
-  const at::Tensor partial = combined_partial(grads, scale, found_inf, kind);
+  const at::Tensor partial = combined_partial(grads, scale, found_inf, site, kind);
   at::Tensor out = at::empty({2}, scale.options());
   at::Tensor norm = out[0];
   *divisor = out[1];
@@ -276,6 +289,9 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                          log.device() == scale.device()));
   TORCH_INTERNAL_ASSERT(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.dim() == 0 &&
                                             norm.device() == scale.device()));
+  const at::Tensor& first = record.first_overflow;
+  TORCH_INTERNAL_ASSERT(!first.defined() || (first.scalar_type() == at::kLong && first.dim() == 0 &&
+                                             first.device() == scale.device()));
   backend_for_device(scale.device().type())
       .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, record);
 }

@@ -28,16 +28,19 @@ namespace detail {
 //   scale:     float32, 0-dim, on any device; never modified.
 //   found_inf: float32, 0-dim, on `scale`'s device. Pre-zeroing is the caller's job;
 //              this function only ever raises it.
+//   site:      where the first non-finite gradient is recorded (OverflowSite in
+//              backend.h: a slot on any device and one key per gradient); default:
+//              nowhere. Every check below takes it alike.
 // Every gradient is divided, non-finite ones too; dtypes never change; bfloat16 is
 // unscaled and checked in float32 and rounded back once.
 void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                    at::Tensor& found_inf);
+                    at::Tensor& found_inf, const OverflowSite& site = OverflowSite());
 
 // The read-only twin of unscale_grads_: raises `found_inf` when any gradient times
 // 1/scale is non-finite, writes no gradient. `scale` may be undefined (gradients already
 // unscaled). Used with the fused optimizers, which unscale inside their own update.
 void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                         at::Tensor& found_inf);
+                         at::Tensor& found_inf, const OverflowSite& site = OverflowSite());
 
 // The read-only check of check_grads_finite_, with the total norm of the gradients times
 // 1/scale (`scale` undefined: the gradients as they are) computed in the same read pass
@@ -46,7 +49,8 @@ void check_grads_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 // PyTorch's clip_grad_norm_ algorithm (the norm of the per-tensor norms). A non-finite
 // norm raises `found_inf` too. Deterministic: the same gradients give the same bits.
 at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                                 at::Tensor& found_inf, double norm_type);
+                                 at::Tensor& found_inf, double norm_type,
+                                 const OverflowSite& site = OverflowSite());
 
 // The check of check_grads_and_norm_, returning the norm's partial instead of the norm,
 // float32, 0-dim, on `found_inf`'s device: the sum of |g/scale|^p for a finite norm_type
@@ -57,7 +61,8 @@ at::Tensor check_grads_and_norm_(const std::vector<at::Tensor>& grads, const at:
 // norm of all of them. A non-finite partial raises `found_inf`.
 at::Tensor check_grads_and_norm_partial_(const std::vector<at::Tensor>& grads,
                                          const at::Tensor& scale, at::Tensor& found_inf,
-                                         double norm_type);
+                                         double norm_type,
+                                         const OverflowSite& site = OverflowSite());
 
 // PyTorch's clip coefficient for a total norm: min(max_norm / (norm + 1e-6), 1) in the
 // norm's dtype, NaN kept (ATen operations, on the norm's device).
@@ -71,7 +76,7 @@ at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm);
 // the ATen operations that serve otherwise.
 at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, double norm_type, double max_norm,
-                                 at::Tensor* divisor);
+                                 at::Tensor* divisor, const OverflowSite& site = OverflowSite());
 
 // The norm of a partial of check_grads_and_norm_partial_: partial^(1/p), the square root
 // for 2, the partial itself for inf. For 2 and inf the same bits check_grads_and_norm_

@@ -149,13 +149,14 @@ LUCID_HOST_DEVICE inline void count_update(int64_t* counts, bool found_inf, Scal
 // rows of kStepLogFields entries on the scale's device. Row 0 holds, in its first entry,
 // how many updates were logged; update n writes row 1 + n % kStepLogRows, in this order.
 enum StepLogField : int {
-  kLogUpdate,    // n: the update's number since the log was made or last cleared
-  kLogScale,     // the scale this iteration's gradients were divided by
-  kLogNewScale,  // the scale after the update
-  kLogFoundInf,  // the update's flag: bit j set when the iteration's optimizer j overflowed
-                 // (OptimizerRecords::combined_found_inf); 0: none
-  kLogEvent,     // ScaleEvent, as a number
-  kLogGradNorm,  // the norm the iteration's last clip_grad_norm_ returned; -1: none
+  kLogUpdate,         // n: the update's number since the log was made or last cleared
+  kLogScale,          // the scale this iteration's gradients were divided by
+  kLogNewScale,       // the scale after the update
+  kLogFoundInf,       // the update's flag: bit j set when the iteration's optimizer j overflowed
+                      // (OptimizerRecords::combined_found_inf); 0: none
+  kLogEvent,          // ScaleEvent, as a number
+  kLogGradNorm,       // the norm the iteration's last clip_grad_norm_ returned; -1: none
+  kLogFirstOverflow,  // the iteration's first non-finite gradient (overflow_key); -1: none
   kStepLogFields,
 };
 constexpr int64_t kStepLogRows = 1024;
@@ -163,10 +164,27 @@ constexpr int64_t kStepLogRows = 1024;
 // combined_found_inf): a float32 holds every integer below 2^24 exactly.
 constexpr int kOverflowOptimizerBits = 24;
 
+// NOTE: [First overflow]
+// The checks name the first gradient they find non-finite by a key, the optimizer's place
+// in the iteration (OptimizerRecord::ordinal) in the high 32 bits and the gradient's
+// position among that optimizer's parameters (param groups concatenated in order) in the
+// low ones, so the smallest key is the first optimizer's first offending gradient. Every
+// check lowers one int64 slot beside the step log to its smallest such key; the update
+// logs the slot (kLogFirstOverflow) and sets it back to kNoOverflowKey for the next
+// iteration, in the same kernel, so eager, captured and replayed iterations are named alike
+// and nothing is read on the host. A float64 holds every key below 2^53 exactly.
+constexpr int64_t kNoOverflowKey = INT64_MAX;
+
+LUCID_HOST_DEVICE inline int64_t overflow_key(int ordinal, int64_t position) {
+  return (static_cast<int64_t>(ordinal) << 32) | position;
+}
+
 // Writes one update's row into the step log `log` (as above), after the update from `scale`
-// to `new_scale` with the flag `found_inf`; `grad_norm` may be null (no clip).
+// to `new_scale` with the flag `found_inf`; `grad_norm` may be null (no clip). `first`: the
+// iteration's first overflow slot (NOTE: [First overflow]), or null; logged and set back to
+// kNoOverflowKey.
 LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_scale, float found_inf,
-                                         ScaleEvent event, const float* grad_norm) {
+                                         ScaleEvent event, const float* grad_norm, int64_t* first) {
   const auto n = static_cast<int64_t>(log[0]);
   double* row = log + (1 + n % kStepLogRows) * kStepLogFields;
   row[kLogUpdate] = static_cast<double>(n);
@@ -175,6 +193,11 @@ LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_sca
   row[kLogFoundInf] = found_inf;
   row[kLogEvent] = static_cast<double>(static_cast<int>(event));
   row[kLogGradNorm] = grad_norm != nullptr ? static_cast<double>(*grad_norm) : -1.0;
+  row[kLogFirstOverflow] = -1.0;
+  if (first != nullptr) {
+    row[kLogFirstOverflow] = *first == kNoOverflowKey ? -1.0 : static_cast<double>(*first);
+    *first = kNoOverflowKey;
+  }
   log[0] = static_cast<double>(n + 1);
 }
 

@@ -86,7 +86,8 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
   p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
   p.target = record;
   p.record = {record.counts.clone(), record.log.defined() ? record.log.clone() : at::Tensor(),
-              record.grad_norm};
+              record.grad_norm,
+              record.first_overflow.defined() ? record.first_overflow.clone() : at::Tensor()};
   run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.record);
   p.new_scale = p.scale.item<float>();
   // What the rule did, from its own counts: before and after, in one read.
@@ -116,6 +117,9 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   proposal.target.counts.copy_(proposal.record.counts);
   if (proposal.target.log.defined()) {
     proposal.target.log.copy_(proposal.record.log);
+  }
+  if (proposal.target.first_overflow.defined()) {
+    proposal.target.first_overflow.copy_(proposal.record.first_overflow);
   }
 }
 

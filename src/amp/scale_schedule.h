@@ -85,7 +85,8 @@ class ScaleSchedule {
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
-    UpdateRecord record;  // copies of `target`'s counts and log, written by the update
+    // Copies of `target`'s counts, log and first overflow, written by the update.
+    UpdateRecord record;
     UpdateRecord target;  // the record handed to propose()
   };
   Proposal propose(const at::Tensor& found_inf, const UpdateRecord& record);

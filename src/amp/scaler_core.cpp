@@ -42,14 +42,25 @@ bool has_any_gradient(const OptimizerView& view) {
   return false;
 }
 
-// Collects the defined gradients of `view` and refuses, before any is touched, the dtypes
-// the scaler cannot unscale.
-std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
-                                          const ScalerDiagnostics& diagnostics) {
+// The gradients of one optimizer's check, and where the check records the first of them
+// that is non-finite (NOTE: [First overflow] in scale_rule.h).
+struct CheckedGradients {
   std::vector<at::Tensor> grads;
+  OverflowSite site;
+};
+
+// Collects the defined gradients of `view`, keyed by the optimizer's place in the
+// iteration `ordinal` and their position among its parameters, and refuses, before any is
+// touched, the dtypes the scaler cannot unscale.
+CheckedGradients checked_gradients(const OptimizerView& view, int ordinal,
+                                   const ScalerDiagnostics& diagnostics) {
+  CheckedGradients checked;
+  std::vector<at::Tensor>& grads = checked.grads;
+  int64_t position = -1;
   for (size_t g = 0; g < view.param_groups.size(); ++g) {
     const auto& params = view.param_groups[g];
     for (size_t i = 0; i < params.size(); ++i) {
+      ++position;
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) {
         continue;  // a parameter that took no part in this backward()
@@ -76,9 +87,11 @@ std::vector<at::Tensor> checked_gradients(const OptimizerView& view,
                                     which, "); supported: Float, Double, BFloat16.");
       }
       grads.push_back(grad);
+      checked.site.keys.push_back(overflow_key(ordinal, position));
     }
   }
-  return grads;
+  checked.site.slot = diagnostics.step_log().first_overflow();
+  return checked;
 }
 
 // A hook may leave any non-zero value for an overflow (a sum over ranks, say); the flag is
@@ -93,9 +106,10 @@ void agree(FoundInfHook& hook, at::Tensor& found_inf) {
 // gradients checked in the same read pass), combined with the flag by the hook, then its
 // norm. A non-finite combined norm is an overflow wherever it is taken, so every party
 // to the combination skips alike.
-at::Tensor combined_norm(FoundInfHook& hook, const std::vector<at::Tensor>& grads,
+at::Tensor combined_norm(FoundInfHook& hook, const CheckedGradients& checked,
                          const at::Tensor& scale, at::Tensor& found_inf, double norm_type) {
-  at::Tensor partial = check_grads_and_norm_partial_(grads, scale, found_inf, norm_type);
+  at::Tensor partial =
+      check_grads_and_norm_partial_(checked.grads, scale, found_inf, norm_type, checked.site);
   hook.agree_with_norm_(found_inf, partial, norm_type);
   TORCH_CHECK(
       partial.defined() && partial.scalar_type() == at::kFloat && partial.numel() == 1,
@@ -145,16 +159,16 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
 
 void ScalerCore::record_overflow(const OptimizerView& view, OptimizerRecord& record,
                                  GradientPass pass) {
-  const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
-  record.had_gradients = !grads.empty();
+  const CheckedGradients checked = checked_gradients(view, record.ordinal, diagnostics_);
+  record.had_gradients = !checked.grads.empty();
   // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
   // made, clean, so that a hook runs on every rank alike.
   at::Tensor found_inf = at::zeros({}, schedule_.scale().options());
   if (pass == GradientPass::kUnscale) {
-    unscale_grads_(grads, schedule_.scale(), found_inf);
+    unscale_grads_(checked.grads, schedule_.scale(), found_inf, checked.site);
   } else {
     // NOTE: [Scaler-aware optimizers] in src/optim: the optimizer unscales them itself.
-    check_grads_finite_(grads, schedule_.scale(), found_inf);
+    check_grads_finite_(checked.grads, schedule_.scale(), found_inf, checked.site);
   }
   if (found_inf_hook_) {
     agree(*found_inf_hook_, found_inf);
@@ -189,7 +203,8 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   check_scaled("clip_grad_norm_");
   OptimizerRecord& record = records_.at(view.key);
   OptimizerRecords::check_can_unscale(record);
-  const std::vector<at::Tensor> grads = checked_gradients(view, diagnostics_);
+  const CheckedGradients checked = checked_gradients(view, record.ordinal, diagnostics_);
+  const std::vector<at::Tensor>& grads = checked.grads;
   record.had_gradients = !grads.empty();
   const at::Tensor& scale = schedule_.scale();
   at::Tensor found_inf = at::zeros({}, scale.options());
@@ -203,10 +218,11 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   at::Tensor divisor;
   at::Tensor norm;
   if (found_inf_hook_ && found_inf_hook_->combines_norm()) {
-    norm = combined_norm(*found_inf_hook_, grads, scale, found_inf, norm_type);
+    norm = combined_norm(*found_inf_hook_, checked, scale, found_inf, norm_type);
     divisor = scale / clip_coefficient(norm, max_norm);
   } else {
-    norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor);
+    norm =
+        check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor, checked.site);
     if (found_inf_hook_) {
       agree(*found_inf_hook_, found_inf);
     }
@@ -405,6 +421,8 @@ void ScalerCore::update(std::optional<double> new_scale) {
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
     schedule_.set(value);
+    // No update kernel logs this iteration, so none sets its first overflow back.
+    diagnostics_.step_log().forget_first_overflow();
     finish_iteration();
     return;
   }
@@ -456,7 +474,8 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
     found_inf = at::zeros({}, schedule_.scale().options());
   }
   DeviceTally& tally = diagnostics_.tally();
-  const UpdateRecord record{tally.update_counts(), diagnostics_.step_log().rows(), clip_norm_};
+  const StepLog& log = diagnostics_.step_log();
+  const UpdateRecord record{tally.update_counts(), log.rows(), clip_norm_, log.first_overflow()};
   if (decide_on_host && found) {
     return update_deciding_on_host(found_inf, record);
   }

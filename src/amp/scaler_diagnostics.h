@@ -103,6 +103,7 @@ class ScalerDiagnostics {
   DeviceTally& tally() { return tally_; }
   // What each update did, logged on the device (NOTE: [Step log]).
   StepLog& step_log() { return step_log_; }
+  const StepLog& step_log() const { return step_log_; }
   // Everything counted: the resolved counters and the device tally (one read).
   ScalerCounters all_counters(const GradScalerOptions& options);
   // A checkpoint's counters replace these and clear the step log (null: the counters and

@@ -27,6 +27,14 @@ void StepLog::place(const at::Device& device) {
   if (!log_.defined()) {
     log_ = at::zeros({1 + kStepLogRows, kStepLogFields},
                      at::TensorOptions().dtype(at::kDouble).device(device));
+    first_overflow_ =
+        at::full({}, kNoOverflowKey, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+}
+
+void StepLog::forget_first_overflow() {
+  if (first_overflow_.defined()) {
+    first_overflow_.fill_(kNoOverflowKey);
   }
 }
 
@@ -76,6 +84,10 @@ std::vector<StepRecord> StepLog::read(bool wait) {
     if (row[kLogGradNorm] >= 0.0 || std::isnan(row[kLogGradNorm])) {
       r.grad_norm = row[kLogGradNorm];
     }
+    if (row[kLogFirstOverflow] >= 0.0) {
+      const auto key = static_cast<int64_t>(row[kLogFirstOverflow]);
+      r.first_overflow = GradientPlace{static_cast<int>(key >> 32), key & 0xffffffff};
+    }
     records.push_back(r);
   }
   return records;
@@ -88,6 +100,7 @@ void StepLog::clear(int64_t first_update) {
   if (log_.defined()) {
     log_.zero_();
   }
+  forget_first_overflow();
 }
 
 }  // namespace detail

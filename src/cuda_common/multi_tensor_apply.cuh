@@ -90,6 +90,10 @@ struct Table {
   __device__ void* pointer(int list, int tensor) const {
     return reinterpret_cast<void*>(pointers[static_cast<int64_t>(list) * n + tensor]);
   }
+  // An entry of a list of values rather than pointers (make_table's `values`).
+  __device__ int64_t value(int list, int tensor) const {
+    return pointers[static_cast<int64_t>(list) * n + tensor];
+  }
 };
 
 __device__ __forceinline__ int find_tensor(const int64_t* offsets, int n, int64_t global) {

@@ -50,11 +50,13 @@ const int64_t* device_table_for(std::vector<int64_t>&& host, const at::Device& d
 
 }  // namespace
 
-TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists) {
+TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists,
+                       const std::vector<int64_t>& values) {
   const auto& first = *lists.front();
   const int64_t n = static_cast<int64_t>(first.size());
+  TORCH_INTERNAL_ASSERT(values.empty() || static_cast<int64_t>(values.size()) == n);
   std::vector<int64_t> host;
-  host.reserve((n + 1) + lists.size() * n);
+  host.reserve((n + 1) + lists.size() * n + values.size());
   int64_t total = 0;
   for (const auto& t : first) {
     host.push_back(total);
@@ -66,6 +68,7 @@ TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists)
       host.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
     }
   }
+  host.insert(host.end(), values.begin(), values.end());
   TensorTable table;
   table.num_tensors = static_cast<int>(n);
   table.depth = static_cast<int>(lists.size());

@@ -17,7 +17,10 @@ namespace cuda_common {
 
 // The table of `lists`, all of one length, on the device of the first tensor; the first
 // list gives the element counts. Taken by pointer so that no list is copied on the way.
-TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists);
+// `values`, when not empty, one per tensor, follow the lists as one more list of plain
+// int64 values (Table::value), outside the table's depth.
+TensorTable make_table(const std::vector<const std::vector<at::Tensor>*>& lists,
+                       const std::vector<int64_t>& values = {});
 TensorTable make_table(const std::vector<std::vector<at::Tensor>>& lists);
 
 // float32, float64 or bfloat16; anything else is an internal error.

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The step log (GradScaler.history): every update's scales, overflow (and in which
-optimizers), change and clip norm, checked against PyTorch's own scaler driven by the same
+"""The step log (GradScaler.history): every update's scales, overflow (in which
+optimizers, and its first non-finite gradient), change and clip norm, checked against PyTorch's own scaler driven by the same
 random sequence; the ring's
 capacity; checkpoints; a graph-captured step's replays and a read that does not wait, on
 CUDA."""
@@ -121,6 +121,52 @@ def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iteration
     assert [r.found_inf for r in log] == [bool(e) for e in expected]
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_each_record_names_the_first_non_finite_gradient(data):
+    """Three optimizers of two param groups each (a parameter may have no gradient),
+    stepped in a random order through a random check (unscale_, clip_grad_norm_, step's
+    own; lucid_amp's fused AdamW, which only checks, among them): a record names the first
+    optimizer, in that order, whose gradients held inf/NaN, and its first such parameter
+    with the groups concatenated; None for a clean iteration."""
+    from lucid_amp.optim import FusedAdamW
+
+    sizes = [[1, 7, 300], [70000, 3], [5, 2, 9]]
+    params = [[torch.zeros(n, requires_grad=True) for n in group] for group in sizes]
+    a, b, c = params
+    opts = [
+        torch.optim.SGD([{"params": a[:2]}, {"params": a[2:]}], lr=0.0),
+        FusedAdamW([{"params": b[:1]}, {"params": b[1:]}], lr=0.0),
+        torch.optim.SGD([{"params": c[:1]}, {"params": c[1:]}], lr=0.0),
+    ]
+    scaler = lucid_amp.GradScaler("cpu", init_scale=2.0**8)
+    expected = []
+    for _ in range(data.draw(st.integers(1, 6))):
+        scaler.scale(torch.ones(()))
+        order = data.draw(st.permutations(range(3)))
+        first = None
+        checked = False  # an update without checks (no gradient at all) logs no record
+        for place, j in enumerate(order):
+            for k, q in enumerate(params[j]):
+                kind = data.draw(st.sampled_from(["none", "clean", "clean", "inf", "nan"]))
+                q.grad = None if kind == "none" else torch.ones_like(q)
+                checked = checked or q.grad is not None
+                if kind in ("inf", "nan"):
+                    q.grad[data.draw(st.integers(0, q.numel() - 1))] = float(kind)
+                    if first is None:
+                        first = (place, k)
+            check = data.draw(st.sampled_from(["unscale_", "clip", "step"]))
+            if check == "unscale_":
+                scaler.unscale_(opts[j])
+            elif check == "clip":
+                scaler.clip_grad_norm_(opts[j], 1.0)
+            scaler.step(opts[j])
+        scaler.update()
+        if checked:
+            expected.append(first)
+    assert [r.first_overflow for r in scaler.history(wait=True)] == expected
+
+
 @pytest.mark.parametrize("left", [2.0, -1.0])
 def test_a_hooks_non_zero_flag_skips_pytorchs_fused_step_and_names_its_optimizer(left):
     """A found-inf hook may leave any non-zero value (a sum over ranks, say): PyTorch's
@@ -201,8 +247,8 @@ def test_records_are_plain_and_write_to_csv():
     for record in scaler.history(wait=True):
         writer.writerow(dataclasses.asdict(record))
     assert out.getvalue().splitlines() == [
-        "update,scale,new_scale,found_inf,overflowed_optimizers,change,grad_norm",
-        "0,2.0,4.0,False,(),growth,",
+        "update,scale,new_scale,found_inf,overflowed_optimizers,first_overflow,change,grad_norm",
+        "0,2.0,4.0,False,(),,growth,",
     ]
 
 
@@ -250,5 +296,6 @@ def test_a_captured_steps_replays_are_logged_like_eager_updates():
         graph.replay()
     log = scaler.history(wait=True)
     assert [r.found_inf for r in log[-3:]] == overflows
+    assert [r.first_overflow for r in log[-3:]] == [(0, 0), None, (0, 0)]
     assert [r.new_scale for r in log[-3:]] == [512.0, 512.0, 256.0]
     assert [r.update for r in log] == list(range(len(log)))

@@ -89,6 +89,16 @@ constexpr int64_t kStepLogCapacity = 1024;
 /// (StepRecord::overflowed_optimizers).
 constexpr int kStepLogOptimizers = 24;
 
+/// A gradient named by where its optimizer and its parameter stand (StepRecord::
+/// first_overflow).
+struct GradientPlace {
+  /// The optimizer's place in the iteration, as in StepRecord::overflowed_optimizers.
+  int optimizer = 0;
+  /// The parameter's position among that optimizer's parameters, its param groups
+  /// concatenated in order (parameters without a gradient count too).
+  int64_t parameter = 0;
+};
+
 /// One update() as the step log recorded it on the device (GradScaler::history).
 struct StepRecord {
   /// The update's number among the updates that ran the schedule (replays of a captured
@@ -106,6 +116,11 @@ struct StepRecord {
   /// step() since the update before. kStepLogOptimizers - 1 stands for that optimizer and
   /// every later one. Empty exactly when found_inf is false.
   std::vector<int> overflowed_optimizers;
+  /// The first gradient the iteration's checks found holding inf/NaN once unscaled: of
+  /// the first such optimizer, the first such parameter. nullopt when none did; so also
+  /// when only a found-inf hook raised the flag (another rank's gradients) or the norm
+  /// alone overflowed (finite gradients whose squares sum past float32).
+  std::optional<GradientPlace> first_overflow;
   /// What the update did to the scale (a backoff held at min_scale is a backoff).
   ScaleChange change = ScaleChange::kNone;
   /// The total norm the iteration's last clip_grad_norm_ returned (before clipping, of

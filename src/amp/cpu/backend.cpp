@@ -21,29 +21,35 @@ double inv_scale_on_host(const at::Tensor& scale) {
   return 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>());
 }
 
+// Raises the flag and lowers the site's slot (on any device) to `first`, the kernels'
+// result, when a gradient was non-finite.
+void record(int64_t first, at::Tensor& found_inf, const OverflowSite& site) {
+  if (first == detail::kNoOverflowKey) {
+    return;
+  }
+  found_inf.fill_(1.0);
+  if (site.slot.defined()) {
+    site.slot.clamp_max_(first);
+  }
+}
+
 // Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
 void table_unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                              at::Tensor& found_inf) {
-  if (unscale_and_check_(grads, inv_scale_on_host(scale))) {
-    found_inf.fill_(1.0);
-  }
+                              at::Tensor& found_inf, const OverflowSite& site) {
+  record(unscale_and_check_(grads, inv_scale_on_host(scale), site.keys), found_inf, site);
 }
 
 void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                         at::Tensor& found_inf) {
-  if (check_finite(grads, inv_scale_on_host(scale))) {
-    found_inf.fill_(1.0);
-  }
+                         at::Tensor& found_inf, const OverflowSite& site) {
+  record(check_finite(grads, inv_scale_on_host(scale), site.keys), found_inf, site);
 }
 
 at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                                 at::Tensor& found_inf, NormKind kind) {
-  bool found = false;
+                                 at::Tensor& found_inf, const OverflowSite& site, NormKind kind) {
+  int64_t first = detail::kNoOverflowKey;
   const float partial =
-      check_and_norm(grads, inv_scale_on_host(scale), kind == NormKind::kInf, &found);
-  if (found) {
-    found_inf.fill_(1.0);
-  }
+      check_and_norm(grads, inv_scale_on_host(scale), kind == NormKind::kInf, site.keys, &first);
+  record(first, found_inf, site);
   return at::full({}, partial, at::TensorOptions().dtype(at::kFloat));
 }
 

@@ -47,6 +47,7 @@ struct Span {
   void* data;
   int64_t numel;
   at::ScalarType dtype;
+  int64_t key;  // its gradient's key (NOTE: [First overflow] in amp/scale_rule.h)
 };
 
 // The exponent field of an IEEE type: all ones means inf or NaN.
@@ -114,14 +115,18 @@ bool unscale_span(const Span& span, float inv_f32, double inv_f64) {
   }
 }
 
-std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads) {
+// The chunks in list order; a gradient's key is keys[i], or its index i without keys.
+std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads,
+                                    const std::vector<int64_t>& keys) {
   std::vector<Span> spans;
-  for (const auto& g : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
     auto* base = static_cast<char*>(g.data_ptr());
     const int64_t item = static_cast<int64_t>(g.element_size());
+    const int64_t key = keys.empty() ? static_cast<int64_t>(i) : keys[i];
     for (int64_t off = 0; off < g.numel(); off += kChunkElements) {
       spans.push_back(
-          {base + off * item, std::min(kChunkElements, g.numel() - off), g.scalar_type()});
+          {base + off * item, std::min(kChunkElements, g.numel() - off), g.scalar_type(), key});
     }
   }
   return spans;
@@ -131,21 +136,25 @@ std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads) {
 
 namespace {
 
+// The smallest key of a span that holds a non-finite value, or kNoOverflowKey.
 template <bool kWrite>
-bool run_spans(const std::vector<at::Tensor>& grads, double inv_scale) {
-  const std::vector<Span> spans = split_into_chunks(grads);
+int64_t run_spans(const std::vector<at::Tensor>& grads, double inv_scale,
+                  const std::vector<int64_t>& keys) {
+  const std::vector<Span> spans = split_into_chunks(grads, keys);
   const float inv_f32 = static_cast<float>(inv_scale);
-  std::atomic<bool> found{false};
+  std::atomic<int64_t> first{detail::kNoOverflowKey};
   at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
-    bool local = false;
+    int64_t local = detail::kNoOverflowKey;
     for (int64_t i = begin; i < end; ++i) {
-      local |= unscale_span<kWrite>(spans[i], inv_f32, inv_scale);
+      if (unscale_span<kWrite>(spans[i], inv_f32, inv_scale)) {
+        local = std::min(local, spans[i].key);
+      }
     }
-    if (local) {
-      found.store(true, std::memory_order_relaxed);
+    int64_t seen = first.load(std::memory_order_relaxed);
+    while (local < seen && !first.compare_exchange_weak(seen, local, std::memory_order_relaxed)) {
     }
   });
-  return found.load();
+  return first.load();
 }
 
 }  // namespace
@@ -264,8 +273,8 @@ NormPartial norm_span(const Span& span, float inv_f32, double inv_f64, bool inf_
 }  // namespace
 
 float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, bool inf_norm,
-                     bool* found) {
-  const std::vector<Span> spans = split_into_chunks(grads);
+                     const std::vector<int64_t>& keys, int64_t* first) {
+  const std::vector<Span> spans = split_into_chunks(grads, keys);
   const float inv_f32 = static_cast<float>(inv_scale);
   std::vector<NormPartial> partials(spans.size());
   at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
@@ -274,8 +283,12 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
     }
   });
   NormPartial total;
-  for (const NormPartial& p : partials) {  // chunk order: the same bits on any thread count
-    total.bad |= p.bad;
+  *first = detail::kNoOverflowKey;
+  for (size_t i = 0; i < partials.size(); ++i) {  // chunk order: the same bits on any thread count
+    const NormPartial& p = partials[i];
+    if (p.bad) {
+      *first = std::min(*first, spans[i].key);
+    }
     if (inf_norm) {
       total.value = (std::isnan(p.value) || p.value > total.value) && !std::isnan(total.value)
                         ? p.value
@@ -284,16 +297,17 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
       total.value += p.value;
     }
   }
-  *found = total.bad;
   return total.value;
 }
 
-bool unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale) {
-  return run_spans<true>(grads, inv_scale);
+int64_t unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale,
+                           const std::vector<int64_t>& keys) {
+  return run_spans<true>(grads, inv_scale, keys);
 }
 
-bool check_finite(const std::vector<at::Tensor>& grads, double inv_scale) {
-  return run_spans<false>(grads, inv_scale);
+int64_t check_finite(const std::vector<at::Tensor>& grads, double inv_scale,
+                     const std::vector<int64_t>& keys) {
+  return run_spans<false>(grads, inv_scale, keys);
 }
 
 }  // namespace cpu

@@ -32,8 +32,10 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
     detail::count_update(record.counts.data_ptr<int64_t>(), found, event);
   }
   if (record.log.defined()) {
-    detail::log_update(record.log.data_ptr<double>(), state.scale, next.scale, flag, event,
-                       record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr);
+    detail::log_update(
+        record.log.data_ptr<double>(), state.scale, next.scale, flag, event,
+        record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr,
+        record.first_overflow.defined() ? record.first_overflow.data_ptr<int64_t>() : nullptr);
   }
 }
 

@@ -27,45 +27,61 @@ using cuda_common::make_table;
 
 // Calls launch(table, type) once per element type present: one table of all of `grads`
 // when they share one (the common case, built without copying the list), else one per
-// type. Unchecked on purpose: `grads` is non-empty (unscale_or_check_).
+// type. With keys (OverflowSite::keys, one per gradient) each table carries its
+// gradients' keys (kKeyList). Unchecked on purpose: `grads` is non-empty
+// (unscale_or_check_).
 template <typename Launch>
-void for_each_dtype(const std::vector<at::Tensor>& grads, Launch launch) {
+void for_each_dtype(const std::vector<at::Tensor>& grads, const std::vector<int64_t>& keys,
+                    Launch launch) {
   const at::ScalarType first = grads.front().scalar_type();
   const bool one_type = std::all_of(grads.begin(), grads.end(),
                                     [&](const at::Tensor& g) { return g.scalar_type() == first; });
   if (one_type) {
-    launch(make_table({&grads}), cuda_common::element_type(first));
+    launch(make_table({&grads}, keys), cuda_common::element_type(first));
     return;
   }
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16}) {
     std::vector<at::Tensor> same;
-    for (const auto& g : grads) {
-      if (g.scalar_type() == dtype) {
-        same.push_back(g);
+    std::vector<int64_t> same_keys;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].scalar_type() == dtype) {
+        same.push_back(grads[i]);
+        if (!keys.empty()) {
+          same_keys.push_back(keys[i]);
+        }
       }
     }
     if (!same.empty()) {
-      launch(make_table({&same}), cuda_common::element_type(dtype));
+      launch(make_table({&same}, same_keys), cuda_common::element_type(dtype));
     }
   }
 }
 
-// Runs launch(scale_ptr, flag_ptr, stream) on `device` and its current stream, with the
-// scale and an overflow flag on that device. A flag on another device (a model split over
-// devices) is raised afterwards through one on `device`.
+// Runs launch(scale_ptr, flag_ptr, first_ptr, stream) on `device` and its current stream,
+// with the scale, an overflow flag and the site's first-overflow slot (null: none) on that
+// device. A flag or slot on another device (a model split over devices) is raised or
+// lowered afterwards through one on `device`.
 template <typename Launch>
 void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Tensor& found_inf,
-                      Launch launch) {
+                      const OverflowSite& site, Launch launch) {
   const bool local_flag = found_inf.device() != device;
   at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
+  const bool local_slot = site.slot.defined() && site.slot.device() != device;
+  const at::Tensor slot =
+      local_slot ? at::full({}, detail::kNoOverflowKey, site.slot.options().device(device))
+                 : site.slot;
   {
     c10::cuda::CUDAGuard guard(device);
     at::Tensor scale_here;
     const float* scale_ptr = cuda_common::float_on(scale, device, scale_here);
-    launch(scale_ptr, flag.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+    launch(scale_ptr, flag.data_ptr<float>(), slot.defined() ? slot.data_ptr<int64_t>() : nullptr,
+           at::cuda::getCurrentCUDAStream());
   }
   if (local_flag) {
     found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
+  }
+  if (local_slot) {
+    site.slot.copy_(at::minimum(site.slot, slot.to(site.slot.device())));
   }
 }
 
@@ -74,50 +90,56 @@ void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Ten
 // device.
 template <bool kWrite>
 void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                       at::Tensor& found_inf) {
+                       at::Tensor& found_inf, const OverflowSite& site) {
   if (grads.empty()) {
     return;
   }
   launch_on_device(
-      grads.front().device(), scale, found_inf,
-      [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
-        for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-          C10_CUDA_CHECK(kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, stream)
-                                : launch_check_finite(table, type, scale_ptr, flag_ptr, stream));
-        });
+      grads.front().device(), scale, found_inf, site,
+      [&](const float* scale_ptr, float* flag_ptr, int64_t* first_ptr, cudaStream_t stream) {
+        for_each_dtype(grads, first_ptr != nullptr ? site.keys : std::vector<int64_t>(),
+                       [&](const TensorTable& table, ElementType type) {
+                         C10_CUDA_CHECK(kWrite
+                                            ? launch_unscale_and_check(table, type, scale_ptr,
+                                                                       flag_ptr, first_ptr, stream)
+                                            : launch_check_finite(table, type, scale_ptr, flag_ptr,
+                                                                  first_ptr, stream));
+                       });
       });
 }
 
 // Table entries. Args as in AmpBackend; unchecked on purpose (routing checks).
 void table_unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                              at::Tensor& found_inf) {
-  unscale_or_check_<true>(grads, scale, found_inf);
+                              at::Tensor& found_inf, const OverflowSite& site) {
+  unscale_or_check_<true>(grads, scale, found_inf, site);
 }
 
 void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                         at::Tensor& found_inf) {
-  unscale_or_check_<false>(grads, scale, found_inf);
+                         at::Tensor& found_inf, const OverflowSite& site) {
+  unscale_or_check_<false>(grads, scale, found_inf, site);
 }
 
 // The check with the norm's partials: one launch per element type, each writing one
 // partial per block, then the partials combined by ATen's reduction (deterministic for a
-// given length) on the gradients' device. A flag on another device is raised through a
-// flag on the gradients' device (launch_on_device).
+// given length) on the gradients' device. A flag or slot on another device is raised or
+// lowered through one on the gradients' device (launch_on_device).
 at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                                 at::Tensor& found_inf, NormKind kind) {
+                                 at::Tensor& found_inf, const OverflowSite& site, NormKind kind) {
   std::vector<at::Tensor> partials;
   const at::TensorOptions partial_options =
       at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
-  launch_on_device(grads.front().device(), scale, found_inf,
-                   [&](const float* scale_ptr, float* flag_ptr, cudaStream_t stream) {
-                     for_each_dtype(grads, [&](const TensorTable& table, ElementType type) {
-                       at::Tensor out = at::empty({norm_partials(table)}, partial_options);
-                       C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr,
-                                                            out.data_ptr<float>(),
-                                                            kind == NormKind::kInf, stream));
-                       partials.push_back(std::move(out));
-                     });
-                   });
+  launch_on_device(
+      grads.front().device(), scale, found_inf, site,
+      [&](const float* scale_ptr, float* flag_ptr, int64_t* first_ptr, cudaStream_t stream) {
+        for_each_dtype(grads, first_ptr != nullptr ? site.keys : std::vector<int64_t>(),
+                       [&](const TensorTable& table, ElementType type) {
+                         at::Tensor out = at::empty({norm_partials(table)}, partial_options);
+                         C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr,
+                                                              first_ptr, out.data_ptr<float>(),
+                                                              kind == NormKind::kInf, stream));
+                         partials.push_back(std::move(out));
+                       });
+      });
   const at::Tensor all = partials.size() == 1 ? partials.front() : at::cat(partials);
   return kind == NormKind::kTwo ? all.sum() : all.max();
 }
@@ -146,6 +168,7 @@ void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
       record.counts.defined() ? record.counts.data_ptr<int64_t>() : nullptr,
       record.log.defined() ? record.log.data_ptr<double>() : nullptr,
       record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr,
+      record.first_overflow.defined() ? record.first_overflow.data_ptr<int64_t>() : nullptr,
       at::cuda::getCurrentCUDAStream()));
 }
 

@@ -26,13 +26,39 @@ using cuda_common::Table;
 // (docs/PERFORMANCE.md has the shapes timed).
 constexpr int kUnscaleThreads = 512;
 
+// The first tensor, in table order, in which one thread met a non-finite value (NOTE:
+// [First overflow] in amp/scale_rule.h), noted at each change of tensor rather than per
+// element: a thread walks its tensors in ascending order, and its `bad` only ever rises.
+struct FirstBad {
+  int tensor = -1;
+  int first = -1;
+  __device__ void begin_tensor(bool bad, int t) {
+    if (bad && first < 0) first = tensor;
+    tensor = t;
+  }
+  __device__ int result() const { return first < 0 ? tensor : first; }
+};
+
+// A thread that met a non-finite value raises the flag and lowers the slot `first` (when
+// given) to its first such tensor's key, the table's list kKeyList: keys are
+// non-negative, so their order is that of the unsigned 64-bit values atomicMin compares.
+__device__ __forceinline__ void record_bad(const Table& table, const FirstBad& site,
+                                           float* found_inf, int64_t* first) {
+  *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+  if (first != nullptr) {
+    atomicMin(reinterpret_cast<unsigned long long*>(first),
+              static_cast<unsigned long long>(table.value(kKeyList, site.result())));
+  }
+}
+
 template <typename S>
 struct UnscaleOp {
   using E = Element<S>;
   typename E::opmath inv;
   bool bad = false;
+  FirstBad site;
   __device__ static constexpr bool writes(int d) { return d == kGradList; }
-  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
   __device__ void element(S (&e)[1]) {
     const auto x = E::load(e[kGradList]) * inv;
     bad |= !isfinite(x);
@@ -45,8 +71,9 @@ struct CheckOp {
   using E = Element<S>;
   typename E::opmath inv;
   bool bad = false;
+  FirstBad site;
   __device__ static constexpr bool writes(int) { return false; }
-  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
   __device__ void element(S (&e)[1]) { bad |= !isfinite(E::load(e[kGradList]) * inv); }
 };
 
@@ -57,9 +84,10 @@ struct NormCheckOp {
   using E = Element<S>;
   typename E::opmath inv;
   bool bad = false;
+  FirstBad site;
   float partial = 0.0f;
   __device__ static constexpr bool writes(int) { return false; }
-  __device__ void begin_tensor(const Table&, int) {}
+  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
   __device__ void element(S (&e)[1]) {
     const auto x = E::load(e[kGradList]) * inv;
     bad |= !isfinite(x);
@@ -76,14 +104,15 @@ struct NormCheckOp {
 // gradients give the same bits run to run. `partials` has grid_for(table) entries.
 template <typename S, bool kInf>
 __global__ void __launch_bounds__(kUnscaleThreads)
-    norm_check_kernel(Table table, const float* scale, float* found_inf, float* partials) {
+    norm_check_kernel(Table table, const float* scale, float* found_inf, int64_t* first,
+                      float* partials) {
   using Op = NormCheckOp<S, kInf>;
   __shared__ float tree[kUnscaleThreads];
   Op op;
   op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
   cuda_common::walk_block_range<S, 1>(table, table.offsets, op);
   if (op.bad) {
-    *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+    record_bad(table, op.site, found_inf, first);
   }
   tree[threadIdx.x] = op.partial;
   __syncthreads();
@@ -102,7 +131,7 @@ __global__ void __launch_bounds__(kUnscaleThreads)
 // launched with offsets_bytes(table) of dynamic shared memory when true.
 template <typename S, bool kWrite, bool kStageOffsets>
 __global__ void __launch_bounds__(kUnscaleThreads)
-    unscale_kernel(Table table, const float* scale, float* found_inf) {
+    unscale_kernel(Table table, const float* scale, float* found_inf, int64_t* first) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
   extern __shared__ int64_t shared_offsets[];
   const int64_t* offsets =
@@ -111,7 +140,7 @@ __global__ void __launch_bounds__(kUnscaleThreads)
   op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
   cuda_common::walk_block_range<S, 1>(table, offsets, op);
   if (op.bad) {
-    *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
+    record_bad(table, op.site, found_inf, first);
   }
 }
 

@@ -16,9 +16,21 @@ namespace amp {
 namespace generic {
 namespace {
 
+// Raises `found_inf` where `bad` (bool, 0-dim, on the gradient's device) is set, and lowers
+// the site's slot to gradient i's key there.
+void record(const at::Tensor& bad, at::Tensor& found_inf, const OverflowSite& site, size_t i) {
+  found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+  if (site.slot.defined()) {
+    const at::Tensor key =
+        at::where(bad.to(site.slot.device()), site.keys[i], detail::kNoOverflowKey);
+    site.slot.copy_(at::minimum(site.slot, key));
+  }
+}
+
 void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                        at::Tensor& found_inf) {
-  for (const auto& grad : grads) {
+                        at::Tensor& found_inf, const OverflowSite& site) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& grad = grads[i];
     // float64 is unscaled in float64; float32 and bfloat16 in float32 (opmath).
     const at::ScalarType opmath =
         grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -28,8 +40,7 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
     const at::Tensor inv_scale = scale.to(grad.device(), opmath).reciprocal();
     at::Tensor work = grad.scalar_type() == opmath ? grad : grad.to(opmath);
     work.mul_(inv_scale);
-    const at::Tensor bad = work.isfinite().logical_not().any();
-    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+    record(work.isfinite().logical_not().any(), found_inf, site, i);
     if (!work.is_same(grad)) {
       grad.copy_(work);  // the single rounding back to the gradient's dtype
     }
@@ -37,24 +48,25 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
 }
 
 void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                   at::Tensor& found_inf) {
-  for (const auto& grad : grads) {
+                   at::Tensor& found_inf, const OverflowSite& site) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& grad = grads[i];
     const at::ScalarType opmath =
         grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     at::Tensor work = grad.to(opmath);
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
     }
-    const at::Tensor bad = work.isfinite().logical_not().any();
-    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+    record(work.isfinite().logical_not().any(), found_inf, site, i);
   }
 }
 
 at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
-                           at::Tensor& found_inf, NormKind kind) {
+                           at::Tensor& found_inf, const OverflowSite& site, NormKind kind) {
   // Per tensor in float32 (the partial's type), then across tensors in list order.
   std::vector<at::Tensor> partials;
-  for (const auto& grad : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& grad = grads[i];
     if (grad.numel() == 0) {
       continue;
     }
@@ -63,8 +75,7 @@ at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tenso
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
     }
-    const at::Tensor bad = work.isfinite().logical_not().any();
-    found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
+    record(work.isfinite().logical_not().any(), found_inf, site, i);
     const at::Tensor x = work.to(at::kFloat);
     partials.push_back(kind == NormKind::kTwo ? (x * x).sum() : x.abs().max());
   }
@@ -130,8 +141,16 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                                       static_cast<int>(ScaleEvent::kNone))));
     const at::Tensor norm =
         record.grad_norm.defined() ? record.grad_norm : at::full({}, -1.0, scale.options());
+    const at::Tensor& first = record.first_overflow;
+    const at::Tensor first_logged =
+        first.defined() ? at::where(first.eq(detail::kNoOverflowKey), -1.0, first.to(at::kDouble))
+                        : at::full({}, -1.0, scale.options().dtype(at::kDouble));
     row = at::stack({logged, scale.to(at::kDouble), new_scale.to(at::kDouble),
-                     found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)});
+                     found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble),
+                     first_logged});
+    if (first.defined()) {
+      first.fill_(detail::kNoOverflowKey);
+    }
   }
   scale.copy_(new_scale);
   growth_tracker.copy_(new_tracker);
