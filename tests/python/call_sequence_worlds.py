@@ -25,8 +25,9 @@ The oracle, call by call:
   skip decision at every step (world B: whether the scaler called optimizer.step()).
 - after each update() that ran the schedule, world A's step log ends with its record: the
   scales before and after it as world B's, the change the scale made, an overflow for
-  every backoff or absorbed one, and the optimizers (by first use in the iteration) in
-  which world B's scaler found inf.
+  every backoff or absorbed one, the optimizers (by first use in the iteration) in
+  which world B's scaler found inf, and the first gradient among them that held inf/NaN
+  once unscaled, as world B's gradients stood at each optimizer's first check.
 - the same parameters and gradients, bit for bit, when world A's optimizer is a
   torch.optim one. A fused optimizer is not bitwise equal to torch.optim (its kernel
   unscales as it reads and uses its own operation order); there every step is compared
@@ -203,8 +204,12 @@ class Pair:
         self.pending_skip = None
         # a gradient or state was made inconsistent with its parameter (bad_grad, bad_state)
         self.tensors_inconsistent = False
+        # per optimizer of world B (by id) in this iteration: the position of its first
+        # parameter whose gradient held inf/NaN once unscaled at its first check (None:
+        # none did), or "apart" where world A's gradients then differed from B's
+        self.first_bad = {}
         self.stats = dict(calls=0, both_raised=0, steps=0, skipped=0, updates=0,
-                          backoffs=0, growths=0)
+                          backoffs=0, growths=0, first_named=0)
 
     # ---- comparison -------------------------------------------------------------------
 
@@ -384,7 +389,31 @@ class Pair:
                         q.grad.copy_(p.grad)
             self.grads_apart = False
 
+    def note_first_check(self):
+        """Before a call that may run the optimizer's first check of the iteration (unscale_,
+        clip_grad_norm_, step): where world B's gradients first hold inf/NaN once divided by
+        its scale, as its check computes them (float64 gradients in float64, others in
+        float32)."""
+        opt, scaler = self.b.opt, self.b.scaler
+        state = scaler._per_optimizer_states.get(id(opt))
+        if scaler._scale is None or (state is not None and state["stage"] is not OptState.READY):
+            return
+        if self.grads_apart:
+            self.first_bad[id(opt)] = "apart"
+            return
+        inv = scaler._scale.double().reciprocal()
+        self.first_bad[id(opt)] = None
+        for k, p in enumerate(self.b.opt_params()):
+            g = p.grad
+            if g is None or g.is_sparse:
+                continue
+            work = g.double() * inv if g.dtype == torch.float64 else g.float() * inv.float()
+            if not bool(torch.isfinite(work).all()):
+                self.first_bad[id(opt)] = k
+                break
+
     def op_unscale(self):
+        self.note_first_check()
 
         no_grads = all(p.grad is None for p in self.b.opt_params())
         ea, eb = self.both(lambda w: w.scaler.unscale_(w.opt))
@@ -399,6 +428,9 @@ class Pair:
     def _clip(self, kind, max_norm, norm_type):
         self.end_if_apart(kind != "scaler")
         norms = {}
+
+        if kind == "scaler":
+            self.note_first_check()
 
         def clip(w):
             params = w.opt_params()
@@ -452,6 +484,7 @@ class Pair:
         self._clip("free", max_norm, norm_type)
 
     def op_step(self):
+        self.note_first_check()
         calls = (self.a.step_calls, self.b.step_calls)
         ea, eb = self.both(lambda w: w.scaler.step(w.opt))
         if eb is not None and "No inf checks were recorded for this optimizer" in str(eb):
@@ -498,14 +531,19 @@ class Pair:
         invalid = new_scale is not None and not (math.isfinite(new_scale[1]) and new_scale[1] > 0)
 
         overflowed = []  # world B's optimizers, by first use, whose gradients overflowed
+        first = []  # the first gradient of them that held inf/NaN, (place, position)
 
         def update(w):
             if w is self.b:
                 # PyTorch's records are made at each optimizer's first use in the iteration
                 # (insertion order) and dropped by update().
-                for place, state in enumerate(w.scaler._per_optimizer_states.values()):
+                for place, (key, state) in enumerate(w.scaler._per_optimizer_states.items()):
                     if sum(v.item() for v in state["found_inf_per_device"].values()) > 0:
                         overflowed.append(min(place, lucid_amp.STEP_LOG_OPTIMIZERS - 1))
+                    bad = self.first_bad.get(key)
+                    if bad is not None and not first:
+                        first.append(bad if bad == "apart" else (place, bad))
+                self.first_bad = {}
             if new_scale is not None and new_scale[0] != "float":
                 shape = () if new_scale[0] == "tensor0" else (1,)
                 w.scaler.update(torch.full(shape, float(new_scale[1])))
@@ -538,12 +576,14 @@ class Pair:
             self.stats["backoffs"] += after < before
             self.stats["growths"] += after > before
             if new_scale is None and self.a.scaler.is_enabled():
-                self.check_step_log(before, after, tuple(sorted(set(overflowed))))
+                self.check_step_log(before, after, tuple(sorted(set(overflowed))),
+                                    first[0] if first else None)
         self.compare_tensors()
 
-    def check_step_log(self, before, after, overflowed):
+    def check_step_log(self, before, after, overflowed, first):
         """The step log's newest record is this update, as the reference scaler did it:
-        its scales, its change, and the optimizers (by first use) in which it found inf."""
+        its scales, its change, the optimizers (by first use) in which it found inf, and
+        `first`, the first gradient that held inf/NaN ("apart": not compared)."""
         log = self.a.scaler.history(wait=True)
         if not log:
             self.fail("a scheduled update left no record in the step log")
@@ -557,6 +597,9 @@ class Pair:
             self.fail(f"step log {r}: a backoff without an overflow")
         if r.overflowed_optimizers != overflowed or r.found_inf != bool(overflowed):
             self.fail(f"step log {r}: the reference found inf in optimizers {overflowed}")
+        if first != "apart" and r.first_overflow != first:
+            self.fail(f"step log {r}: the reference's first non-finite gradient is {first}")
+        self.stats["first_named"] += r.first_overflow is not None
 
     def op_scaler_state(self, fresh):
         """state_dict() of both scalers compared, then loaded back into the same scaler or
@@ -572,6 +615,8 @@ class Pair:
                 target = w.new_scaler({})
             target.load_state_dict(copy.deepcopy(sd))
             w.scaler = target
+        if fresh:
+            self.first_bad = {}  # the fresh scalers start their iteration afresh
         if fresh:
             self.sync_apart_grads()
         self.compare_scale()
