@@ -652,7 +652,7 @@ struct GroupedOptimizer {
 
 }  // namespace
 
-TEST(StepLog, NamesTheFirstNonFiniteGradientOfTheFirstOverflowingOptimizer) {
+TEST(StepLog, NamesTheFirstNonFiniteGradientAndCountsTheNaNAndInfEntries) {
   for (const bool generic : {false, true}) {
     std::unique_ptr<lucid::amp::detail::ForceGenericBackendGuard> force;
     if (generic) {
@@ -665,11 +665,13 @@ TEST(StepLog, NamesTheFirstNonFiniteGradientOfTheFirstOverflowingOptimizer) {
     }
     GradScaler scaler(GradScalerOptions().init_scale(1 << 10));
     std::vector<std::optional<std::pair<int, int64_t>>> expected;
+    std::vector<std::pair<int64_t, int64_t>> counts;  // NaN and inf entries per iteration
     std::vector<int> order{0, 1, 2};
     for (int it = 0; it < 60; ++it) {
       std::shuffle(order.begin(), order.end(), rng);
       scale_loss(scaler);
       std::optional<std::pair<int, int64_t>> first;
+      std::pair<int64_t, int64_t> met{0, 0};
       for (int place = 0; place < 3; ++place) {
         GroupedOptimizer& o = *opts[order[place]];
         for (size_t k = 0; k < o.params.size(); ++k) {
@@ -681,7 +683,9 @@ TEST(StepLog, NamesTheFirstNonFiniteGradientOfTheFirstOverflowingOptimizer) {
           }
           p.mutable_grad() = torch::ones_like(p);
           if (roll == 1) {  // an inf or a NaN, anywhere in the tensor
-            p.mutable_grad()[static_cast<int64_t>(rng() % p.numel())] = rng() % 2 ? kFInf : kFNaN;
+            const bool nan = rng() % 2 == 0;
+            p.mutable_grad()[static_cast<int64_t>(rng() % p.numel())] = nan ? kFNaN : kFInf;
+            (nan ? met.first : met.second) += 1;
             if (!first.has_value()) {
               first = std::make_pair(place, static_cast<int64_t>(k));
             }
@@ -701,11 +705,14 @@ TEST(StepLog, NamesTheFirstNonFiniteGradientOfTheFirstOverflowingOptimizer) {
       }
       scaler.update();
       expected.push_back(first);
+      counts.push_back(met);
     }
     const std::vector<StepRecord> log = history_of(scaler);
     ASSERT_EQ(log.size(), expected.size());
     int named = 0;
     for (size_t i = 0; i < log.size(); ++i) {
+      EXPECT_EQ(log[i].nan_count, counts[i].first) << "iteration " << i << " generic " << generic;
+      EXPECT_EQ(log[i].inf_count, counts[i].second) << "iteration " << i << " generic " << generic;
       ASSERT_EQ(log[i].first_overflow.has_value(), expected[i].has_value())
           << "iteration " << i << " generic " << generic;
       if (expected[i].has_value()) {
@@ -749,9 +756,12 @@ TEST(StepLog, NamesNoGradientForAHooksFlagOrAnIterationEndedByUpdateNewScale) {
   ASSERT_EQ(log.size(), 3u);
   EXPECT_TRUE(log[0].found_inf);
   EXPECT_FALSE(log[0].first_overflow.has_value());
+  EXPECT_EQ(log[0].nan_count + log[0].inf_count, 0);
   EXPECT_FALSE(log[1].found_inf);
   EXPECT_FALSE(log[1].first_overflow.has_value());
   ASSERT_TRUE(log[2].first_overflow.has_value());
   EXPECT_EQ(log[2].first_overflow->optimizer, 0);
   EXPECT_EQ(log[2].first_overflow->parameter, 0);
+  EXPECT_EQ(log[2].inf_count, 1);  // update(new_scale) set the site back: only this one
+  EXPECT_EQ(log[2].nan_count, 0);
 }

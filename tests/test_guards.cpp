@@ -440,12 +440,13 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
     // Every other update logs a clip norm; the rest log none.
     const at::Tensor norm = at::full({}, 3.5f);
     auto make = [] {
-      return std::vector<at::Tensor>{at::full({}, 256.0f),
-                                     at::zeros({}, at::kInt),
-                                     at::zeros({}, at::kInt),
-                                     at::zeros({lucid::amp::detail::kUpdateCountFields}, at::kLong),
-                                     at::zeros({1 + kStepLogRows, kStepLogFields}, at::kDouble),
-                                     at::full({}, lucid::amp::detail::kNoOverflowKey, at::kLong)};
+      return std::vector<at::Tensor>{
+          at::full({}, 256.0f),
+          at::zeros({}, at::kInt),
+          at::zeros({}, at::kInt),
+          at::zeros({lucid::amp::detail::kUpdateCountFields}, at::kLong),
+          at::zeros({1 + kStepLogRows, kStepLogFields}, at::kDouble),
+          at::zeros({lucid::amp::detail::kOverflowSiteFields}, at::kLong)};
     };
     auto routed = make();
     auto generic = make();
@@ -456,17 +457,23 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       const float old_scale = model.scale;
       const float clip_norm = 3.5f;
       const bool clipped = i % 2 == 1;
-      // Overflowing iterations name a gradient, most of the time (a hook's flag names none).
-      int64_t first = found && rng() % 4 != 0
-                          ? lucid::amp::detail::overflow_key(rng() % 30, rng() % 1000)
-                          : lucid::amp::detail::kNoOverflowKey;
-      routed[5].fill_(first);
-      generic[5].fill_(first);
+      // Overflowing iterations name a gradient and count entries, most of the time (a
+      // hook's flag names none).
+      const bool named = found && rng() % 4 != 0;
+      std::array<int64_t, lucid::amp::detail::kOverflowSiteFields> site{
+          named ? lucid::amp::detail::overflow_key(rng() % 30, rng() % 1000)
+                : lucid::amp::detail::kNoOverflowKey,
+          named ? static_cast<int64_t>(rng() % 5) : 0,
+          named ? 1 + static_cast<int64_t>(rng() % 5) : 0};
+      for (auto* t : {&routed, &generic}) {
+        (*t)[5].copy_(at::tensor(c10::ArrayRef<int64_t>(site.data(), site.size())));
+      }
       model = lucid::amp::detail::next_scale_state(model, found, rule, &event);
       lucid::amp::detail::count_update(model_counts.data(), found, event);
       lucid::amp::detail::log_update(model_log.data(), old_scale, model.scale, found, event,
-                                     clipped ? &clip_norm : nullptr, &first);
-      ASSERT_EQ(first, lucid::amp::detail::kNoOverflowKey);
+                                     clipped ? &clip_norm : nullptr, site.data());
+      ASSERT_EQ(site[0], lucid::amp::detail::kNoOverflowKey);
+      ASSERT_EQ(site[1] + site[2], 0);
       const at::Tensor logged_norm = clipped ? norm : at::Tensor();
       lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule,
                                         {routed[3], routed[4], logged_norm, routed[5]});
@@ -474,8 +481,9 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
           generic[0], generic[1], generic[2], flag, rule,
           {generic[3], generic[4], logged_norm, generic[5]});
       for (const auto* t : {&routed, &generic}) {
-        ASSERT_EQ((*t)[5].item<int64_t>(), lucid::amp::detail::kNoOverflowKey)
-            << "the update sets the first-overflow slot back, trial " << trial;
+        ASSERT_EQ((*t)[5][0].item<int64_t>(), lucid::amp::detail::kNoOverflowKey)
+            << "the update sets the overflow site back, trial " << trial;
+        ASSERT_EQ((*t)[5].narrow(0, 1, 2).sum().item<int64_t>(), 0) << "trial " << trial;
         ASSERT_EQ((*t)[0].item<float>(), model.scale) << "trial " << trial << " step " << i;
         ASSERT_EQ((*t)[1].item<int32_t>(), model.growth_tracker) << "trial " << trial;
         ASSERT_EQ((*t)[2].item<int32_t>(), model.overflow_tracker) << "trial " << trial;

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kUnscaleThreads)
   for_each_block_segment(table, offsets, [&](int t, int64_t lo, int64_t hi) {
     hinted_walk_segment<S, Access>(static_cast<S*>(table.pointer(kGradList, t)), lo, hi, op);
   });
-  if (op.bad) *found_inf = 1.0f;
+  if (op.met.bad()) *found_inf = 1.0f;
 }
 
 __global__ void fill(float* x, int64_t n, uint32_t salt) {

@@ -347,6 +347,8 @@ void bind_grad_scaler(py::module& m) {
                                         ? py::object(py::make_tuple(r.first_overflow->optimizer,
                                                                     r.first_overflow->parameter))
                                         : py::object(py::none());
+              d["nan_count"] = r.nan_count;
+              d["inf_count"] = r.inf_count;
               d["change"] = scale_change_name(r.change);
               d["grad_norm"] = r.grad_norm.has_value() ? py::object(py::float_(*r.grad_norm))
                                                        : py::object(py::none());

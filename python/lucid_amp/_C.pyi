@@ -118,7 +118,7 @@ class _GradScaler:
         """The step log, oldest first: dicts of update, scale, new_scale, found_inf,
         overflowed_optimizers (a tuple of the iteration's optimizers by order of first
         use), first_overflow ((optimizer, parameter) of the first non-finite gradient, or
-        None), change ("none", "growth", "absorbed", "backoff") and grad_norm (None: no
+        None), nan_count, inf_count, change ("none", "growth", "absorbed", "backoff") and grad_norm (None: no
         clip)."""
     def set_backoff_callback(self, arg0: Callable[[dict[str, Any]], object] | None, /) -> None:
         """fn(event) on every backoff, event a dict of iteration, old_scale, new_scale,

@@ -136,6 +136,11 @@ class StepRecord:
     parameters with the param groups concatenated (parameters without a gradient count).
     None when none did; so also when only a found-inf hook raised the flag (another rank)
     or the norm alone overflowed."""
+    nan_count: int
+    """How many gradient entries held NaN once unscaled, over the iteration's checks (each
+    optimizer's gradients as its first unscale_, clip_grad_norm_ or step saw them)."""
+    inf_count: int
+    """How many held inf (one that overflowed only once unscaled counts), as nan_count."""
     change: str
     """What the update did to the scale: "none", "growth", "absorbed" (an overflow taken
     by hysteresis) or "backoff"."""

@@ -29,15 +29,17 @@ struct UpdateRecord {
   at::Tensor log;
   // float32, 0-dim: the norm the log records for the iteration; undefined: none (-1).
   at::Tensor grad_norm;
-  // int64, 0-dim: the iteration's first overflow (NOTE: [First overflow] in scale_rule.h),
-  // logged with the row and set back to detail::kNoOverflowKey; undefined: not logged.
-  at::Tensor first_overflow;
+  // int64, detail::kOverflowSiteFields entries: the iteration's overflow site (NOTE:
+  // [Overflow site] in scale_rule.h), logged with the row and set back; undefined: not
+  // logged.
+  at::Tensor overflow_site;
 };
 
-// Where a check records the first gradient it finds non-finite (NOTE: [First overflow] in
-// scale_rule.h): `slot` (int64, 0-dim, on any device) is lowered to the smallest key among
-// the gradients that hold a non-finite value once unscaled; keys[i] is the key of the
-// list's gradient i. An undefined slot records nothing.
+// Where a check records the gradients it finds non-finite (NOTE: [Overflow site] in
+// scale_rule.h): in `slot` (int64, detail::kOverflowSiteFields entries, contiguous, on any
+// device) the first entry is lowered to the smallest key among the gradients that hold a
+// non-finite value once unscaled, and the NaN and inf entries met are added to the counts;
+// keys[i] is the key of the list's gradient i. An undefined slot records nothing.
 struct OverflowSite {
   at::Tensor slot;
   std::vector<int64_t> keys;
@@ -61,7 +63,7 @@ struct AmpBackend {
   //              float32, float64 or bfloat16, mixed allowed.
   //   scale:     float32, 0-dim, any device.
   //   found_inf: float32, 0-dim, any device; only ever raised.
-  //   site:      where the first non-finite gradient is recorded (OverflowSite).
+  //   site:      where the non-finite gradients are recorded (OverflowSite).
   void (*unscale_and_check_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                              at::Tensor& found_inf, const OverflowSite& site);
 

@@ -104,6 +104,9 @@ void run_groups(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
   }
   TORCH_INTERNAL_ASSERT(!site.slot.defined() || site.keys.size() == grads.size(),
                         "one overflow key per gradient");
+  TORCH_INTERNAL_ASSERT(!site.slot.defined() ||
+                        (site.slot.scalar_type() == at::kLong && site.slot.is_contiguous() &&
+                         site.slot.numel() == kOverflowSiteFields));
   if (const AmpBackend* backend = one_dense_backend(grads)) {
     run_group<kWrite>(*backend, grads, scale, found_inf, site);
     return;
@@ -289,9 +292,10 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                          log.device() == scale.device()));
   TORCH_INTERNAL_ASSERT(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.dim() == 0 &&
                                             norm.device() == scale.device()));
-  const at::Tensor& first = record.first_overflow;
-  TORCH_INTERNAL_ASSERT(!first.defined() || (first.scalar_type() == at::kLong && first.dim() == 0 &&
-                                             first.device() == scale.device()));
+  const at::Tensor& site = record.overflow_site;
+  TORCH_INTERNAL_ASSERT(!site.defined() ||
+                        (site.scalar_type() == at::kLong && site.is_contiguous() &&
+                         site.numel() == kOverflowSiteFields && site.device() == scale.device()));
   backend_for_device(scale.device().type())
       .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, record);
 }

@@ -157,6 +157,8 @@ enum StepLogField : int {
   kLogEvent,          // ScaleEvent, as a number
   kLogGradNorm,       // the norm the iteration's last clip_grad_norm_ returned; -1: none
   kLogFirstOverflow,  // the iteration's first non-finite gradient (overflow_key); -1: none
+  kLogNanCount,       // NaN entries the iteration's checks met, once unscaled
+  kLogInfCount,       // inf entries the iteration's checks met, once unscaled
   kStepLogFields,
 };
 constexpr int64_t kStepLogRows = 1024;
@@ -164,27 +166,41 @@ constexpr int64_t kStepLogRows = 1024;
 // combined_found_inf): a float32 holds every integer below 2^24 exactly.
 constexpr int kOverflowOptimizerBits = 24;
 
-// NOTE: [First overflow]
-// The checks name the first gradient they find non-finite by a key, the optimizer's place
-// in the iteration (OptimizerRecord::ordinal) in the high 32 bits and the gradient's
-// position among that optimizer's parameters (param groups concatenated in order) in the
-// low ones, so the smallest key is the first optimizer's first offending gradient. Every
-// check lowers one int64 slot beside the step log to its smallest such key; the update
-// logs the slot (kLogFirstOverflow) and sets it back to kNoOverflowKey for the next
-// iteration, in the same kernel, so eager, captured and replayed iterations are named alike
-// and nothing is read on the host. A float64 holds every key below 2^53 exactly.
+// NOTE: [Overflow site]
+// The checks record where the iteration's gradients held inf/NaN once unscaled, in an
+// int64 site of kOverflowSiteFields entries beside the step log. A gradient is named by a
+// key, the optimizer's place in the iteration (OptimizerRecord::ordinal) in the high 32
+// bits and the gradient's position among that optimizer's parameters (param groups
+// concatenated in order) in the low ones, so the smallest key is the first optimizer's
+// first offending gradient. Every check lowers kSiteFirstKey to the smallest key it met
+// and adds the NaN and inf entries it met to the counts; the update logs the site
+// (kLogFirstOverflow, kLogNanCount, kLogInfCount) and sets it back for the next iteration,
+// in the same kernel, so eager, captured and replayed iterations are recorded alike and
+// nothing is read on the host. A float64 holds every key and count below 2^53 exactly.
+enum OverflowSiteField : int {
+  kSiteFirstKey,  // the smallest key met; kNoOverflowKey: none
+  kSiteNanCount,
+  kSiteInfCount,
+  kOverflowSiteFields,
+};
 constexpr int64_t kNoOverflowKey = INT64_MAX;
 
 LUCID_HOST_DEVICE inline int64_t overflow_key(int ordinal, int64_t position) {
   return (static_cast<int64_t>(ordinal) << 32) | position;
 }
 
+// The site of an iteration that met nothing.
+LUCID_HOST_DEVICE inline void reset_overflow_site(int64_t* site) {
+  site[kSiteFirstKey] = kNoOverflowKey;
+  site[kSiteNanCount] = 0;
+  site[kSiteInfCount] = 0;
+}
+
 // Writes one update's row into the step log `log` (as above), after the update from `scale`
-// to `new_scale` with the flag `found_inf`; `grad_norm` may be null (no clip). `first`: the
-// iteration's first overflow slot (NOTE: [First overflow]), or null; logged and set back to
-// kNoOverflowKey.
+// to `new_scale` with the flag `found_inf`; `grad_norm` may be null (no clip). `site`: the
+// iteration's overflow site (NOTE: [Overflow site]), or null; logged and set back.
 LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_scale, float found_inf,
-                                         ScaleEvent event, const float* grad_norm, int64_t* first) {
+                                         ScaleEvent event, const float* grad_norm, int64_t* site) {
   const auto n = static_cast<int64_t>(log[0]);
   double* row = log + (1 + n % kStepLogRows) * kStepLogFields;
   row[kLogUpdate] = static_cast<double>(n);
@@ -194,9 +210,14 @@ LUCID_HOST_DEVICE inline void log_update(double* log, float scale, float new_sca
   row[kLogEvent] = static_cast<double>(static_cast<int>(event));
   row[kLogGradNorm] = grad_norm != nullptr ? static_cast<double>(*grad_norm) : -1.0;
   row[kLogFirstOverflow] = -1.0;
-  if (first != nullptr) {
-    row[kLogFirstOverflow] = *first == kNoOverflowKey ? -1.0 : static_cast<double>(*first);
-    *first = kNoOverflowKey;
+  row[kLogNanCount] = 0.0;
+  row[kLogInfCount] = 0.0;
+  if (site != nullptr) {
+    const int64_t first = site[kSiteFirstKey];
+    row[kLogFirstOverflow] = first == kNoOverflowKey ? -1.0 : static_cast<double>(first);
+    row[kLogNanCount] = static_cast<double>(site[kSiteNanCount]);
+    row[kLogInfCount] = static_cast<double>(site[kSiteInfCount]);
+    reset_overflow_site(site);
   }
   log[0] = static_cast<double>(n + 1);
 }

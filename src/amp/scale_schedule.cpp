@@ -87,7 +87,7 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
   p.target = record;
   p.record = {record.counts.clone(), record.log.defined() ? record.log.clone() : at::Tensor(),
               record.grad_norm,
-              record.first_overflow.defined() ? record.first_overflow.clone() : at::Tensor()};
+              record.overflow_site.defined() ? record.overflow_site.clone() : at::Tensor()};
   run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.record);
   p.new_scale = p.scale.item<float>();
   // What the rule did, from its own counts: before and after, in one read.
@@ -118,8 +118,8 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   if (proposal.target.log.defined()) {
     proposal.target.log.copy_(proposal.record.log);
   }
-  if (proposal.target.first_overflow.defined()) {
-    proposal.target.first_overflow.copy_(proposal.record.first_overflow);
+  if (proposal.target.overflow_site.defined()) {
+    proposal.target.overflow_site.copy_(proposal.record.overflow_site);
   }
 }
 

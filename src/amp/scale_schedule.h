@@ -85,7 +85,7 @@ class ScaleSchedule {
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
-    // Copies of `target`'s counts, log and first overflow, written by the update.
+    // Copies of `target`'s counts, log and overflow site, written by the update.
     UpdateRecord record;
     UpdateRecord target;  // the record handed to propose()
   };

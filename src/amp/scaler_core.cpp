@@ -42,8 +42,8 @@ bool has_any_gradient(const OptimizerView& view) {
   return false;
 }
 
-// The gradients of one optimizer's check, and where the check records the first of them
-// that is non-finite (NOTE: [First overflow] in scale_rule.h).
+// The gradients of one optimizer's check, and where the check records those that are
+// non-finite (NOTE: [Overflow site] in scale_rule.h).
 struct CheckedGradients {
   std::vector<at::Tensor> grads;
   OverflowSite site;
@@ -90,7 +90,7 @@ CheckedGradients checked_gradients(const OptimizerView& view, int ordinal,
       checked.site.keys.push_back(overflow_key(ordinal, position));
     }
   }
-  checked.site.slot = diagnostics.step_log().first_overflow();
+  checked.site.slot = diagnostics.step_log().overflow_site();
   return checked;
 }
 
@@ -421,8 +421,8 @@ void ScalerCore::update(std::optional<double> new_scale) {
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
     schedule_.set(value);
-    // No update kernel logs this iteration, so none sets its first overflow back.
-    diagnostics_.step_log().forget_first_overflow();
+    // No update kernel logs this iteration, so none sets its overflow site back.
+    diagnostics_.step_log().forget_overflow_site();
     finish_iteration();
     return;
   }
@@ -475,7 +475,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   }
   DeviceTally& tally = diagnostics_.tally();
   const StepLog& log = diagnostics_.step_log();
-  const UpdateRecord record{tally.update_counts(), log.rows(), clip_norm_, log.first_overflow()};
+  const UpdateRecord record{tally.update_counts(), log.rows(), clip_norm_, log.overflow_site()};
   if (decide_on_host && found) {
     return update_deciding_on_host(found_inf, record);
   }

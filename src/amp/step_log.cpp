@@ -27,14 +27,16 @@ void StepLog::place(const at::Device& device) {
   if (!log_.defined()) {
     log_ = at::zeros({1 + kStepLogRows, kStepLogFields},
                      at::TensorOptions().dtype(at::kDouble).device(device));
-    first_overflow_ =
-        at::full({}, kNoOverflowKey, at::TensorOptions().dtype(at::kLong).device(device));
+    overflow_site_ =
+        at::empty({kOverflowSiteFields}, at::TensorOptions().dtype(at::kLong).device(device));
+    forget_overflow_site();
   }
 }
 
-void StepLog::forget_first_overflow() {
-  if (first_overflow_.defined()) {
-    first_overflow_.fill_(kNoOverflowKey);
+void StepLog::forget_overflow_site() {
+  if (overflow_site_.defined()) {
+    overflow_site_.zero_();
+    overflow_site_.select(0, kSiteFirstKey).fill_(kNoOverflowKey);
   }
 }
 
@@ -88,6 +90,8 @@ std::vector<StepRecord> StepLog::read(bool wait) {
       const auto key = static_cast<int64_t>(row[kLogFirstOverflow]);
       r.first_overflow = GradientPlace{static_cast<int>(key >> 32), key & 0xffffffff};
     }
+    r.nan_count = static_cast<int64_t>(row[kLogNanCount]);
+    r.inf_count = static_cast<int64_t>(row[kLogInfCount]);
     records.push_back(r);
   }
   return records;
@@ -100,7 +104,7 @@ void StepLog::clear(int64_t first_update) {
   if (log_.defined()) {
     log_.zero_();
   }
-  forget_first_overflow();
+  forget_overflow_site();
 }
 
 }  // namespace detail

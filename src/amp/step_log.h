@@ -6,8 +6,8 @@
 // NOTE: [Step log]
 // A float64 tensor beside the scale holds the last detail::kStepLogRows updates, one row
 // each (detail::StepLogField): the scale the gradients were divided by, the scale after,
-// the overflow flag, what the update did, the iteration's clip norm and its first
-// non-finite gradient (NOTE: [First overflow] in scale_rule.h, whose slot lives here). The
+// the overflow flag, what the update did, the iteration's clip norm, and where its
+// gradients held inf/NaN (NOTE: [Overflow site] in scale_rule.h, whose site lives here). The
 // update's own
 // kernel writes its row (detail::log_update, after detail::count_update), so eager,
 // captured and replayed updates are logged alike, at no cost on the host. Reading it never
@@ -36,12 +36,12 @@ class StepLog {
   void place(const at::Device& device);
   // The log the update kernel writes (UpdateRecord::log); undefined until placed.
   const at::Tensor& rows() const { return log_; }
-  // The slot the checks lower and the update logs and sets back (UpdateRecord::
-  // first_overflow, OverflowSite::slot); undefined until placed.
-  const at::Tensor& first_overflow() const { return first_overflow_; }
-  // Sets the slot back where an iteration ends without the update kernel (update(new_scale),
-  // an update without checks): its next iteration names only its own gradients.
-  void forget_first_overflow();
+  // The site the checks record into and the update logs and sets back (UpdateRecord::
+  // overflow_site, OverflowSite::slot); undefined until placed.
+  const at::Tensor& overflow_site() const { return overflow_site_; }
+  // Sets the site back where an iteration ends without the update kernel
+  // (update(new_scale)): the next iteration records only its own gradients.
+  void forget_overflow_site();
   // The records of the last copy that has landed, oldest first; starts a copy when none is
   // on its way. `wait`: copies now and waits for it, so every update queued so far is in.
   // Under a CUDA capture nothing is copied.
@@ -51,7 +51,7 @@ class StepLog {
 
  private:
   at::Tensor log_;             // float64, 1 + kStepLogRows rows of kStepLogFields
-  at::Tensor first_overflow_;  // int64, 0-dim, beside log_
+  at::Tensor overflow_site_;   // int64, kOverflowSiteFields entries, beside log_
   PendingFlagRead in_flight_;  // the copy on its way to the host
   at::Tensor landed_;          // the last copy that landed (CPU)
   int64_t first_update_ = 0;   // the number of the log's update 0

@@ -26,8 +26,9 @@ The oracle, call by call:
 - after each update() that ran the schedule, world A's step log ends with its record: the
   scales before and after it as world B's, the change the scale made, an overflow for
   every backoff or absorbed one, the optimizers (by first use in the iteration) in
-  which world B's scaler found inf, and the first gradient among them that held inf/NaN
-  once unscaled, as world B's gradients stood at each optimizer's first check.
+  which world B's scaler found inf, the first gradient among them that held inf/NaN
+  once unscaled and how many NaN and inf entries they held, as world B's gradients stood
+  at each optimizer's first check.
 - the same parameters and gradients, bit for bit, when world A's optimizer is a
   torch.optim one. A fused optimizer is not bitwise equal to torch.optim (its kernel
   unscales as it reads and uses its own operation order); there every step is compared
@@ -204,9 +205,10 @@ class Pair:
         self.pending_skip = None
         # a gradient or state was made inconsistent with its parameter (bad_grad, bad_state)
         self.tensors_inconsistent = False
-        # per optimizer of world B (by id) in this iteration: the position of its first
-        # parameter whose gradient held inf/NaN once unscaled at its first check (None:
-        # none did), or "apart" where world A's gradients then differed from B's
+        # per optimizer of world B (by id) in this iteration, as its gradients stood at its
+        # first check once unscaled: (the position of its first parameter whose gradient
+        # held inf/NaN or None, NaN entries, inf entries), or "apart" where world A's
+        # gradients then differed from B's
         self.first_bad = {}
         self.stats = dict(calls=0, both_raised=0, steps=0, skipped=0, updates=0,
                           backoffs=0, growths=0, first_named=0)
@@ -402,15 +404,17 @@ class Pair:
             self.first_bad[id(opt)] = "apart"
             return
         inv = scaler._scale.double().reciprocal()
-        self.first_bad[id(opt)] = None
+        first, nan, inf = None, 0, 0
         for k, p in enumerate(self.b.opt_params()):
             g = p.grad
             if g is None or g.is_sparse:
                 continue
             work = g.double() * inv if g.dtype == torch.float64 else g.float() * inv.float()
-            if not bool(torch.isfinite(work).all()):
-                self.first_bad[id(opt)] = k
-                break
+            nan += int(torch.isnan(work).sum())
+            inf += int(torch.isinf(work).sum())
+            if first is None and (nan or inf):
+                first = k
+        self.first_bad[id(opt)] = (first, nan, inf)
 
     def op_unscale(self):
         self.note_first_check()
@@ -531,7 +535,9 @@ class Pair:
         invalid = new_scale is not None and not (math.isfinite(new_scale[1]) and new_scale[1] > 0)
 
         overflowed = []  # world B's optimizers, by first use, whose gradients overflowed
-        first = []  # the first gradient of them that held inf/NaN, (place, position)
+        # the first gradient of them that held inf/NaN, (place, position), and the NaN and
+        # inf entries; "apart" where not compared
+        site = {"first": None, "nan": 0, "inf": 0}
 
         def update(w):
             if w is self.b:
@@ -541,8 +547,13 @@ class Pair:
                     if sum(v.item() for v in state["found_inf_per_device"].values()) > 0:
                         overflowed.append(min(place, lucid_amp.STEP_LOG_OPTIMIZERS - 1))
                     bad = self.first_bad.get(key)
-                    if bad is not None and not first:
-                        first.append(bad if bad == "apart" else (place, bad))
+                    if bad == "apart":
+                        site["first"] = "apart"
+                    elif bad is not None and site["first"] != "apart":
+                        if bad[0] is not None and site["first"] is None:
+                            site["first"] = (place, bad[0])
+                        site["nan"] += bad[1]
+                        site["inf"] += bad[2]
                 self.first_bad = {}
             if new_scale is not None and new_scale[0] != "float":
                 shape = () if new_scale[0] == "tensor0" else (1,)
@@ -576,14 +587,14 @@ class Pair:
             self.stats["backoffs"] += after < before
             self.stats["growths"] += after > before
             if new_scale is None and self.a.scaler.is_enabled():
-                self.check_step_log(before, after, tuple(sorted(set(overflowed))),
-                                    first[0] if first else None)
+                self.check_step_log(before, after, tuple(sorted(set(overflowed))), site)
         self.compare_tensors()
 
-    def check_step_log(self, before, after, overflowed, first):
+    def check_step_log(self, before, after, overflowed, site):
         """The step log's newest record is this update, as the reference scaler did it:
         its scales, its change, the optimizers (by first use) in which it found inf, and
-        `first`, the first gradient that held inf/NaN ("apart": not compared)."""
+        `site`: the first gradient that held inf/NaN and the NaN and inf entries ("apart":
+        not compared)."""
         log = self.a.scaler.history(wait=True)
         if not log:
             self.fail("a scheduled update left no record in the step log")
@@ -597,8 +608,9 @@ class Pair:
             self.fail(f"step log {r}: a backoff without an overflow")
         if r.overflowed_optimizers != overflowed or r.found_inf != bool(overflowed):
             self.fail(f"step log {r}: the reference found inf in optimizers {overflowed}")
-        if first != "apart" and r.first_overflow != first:
-            self.fail(f"step log {r}: the reference's first non-finite gradient is {first}")
+        got = {"first": r.first_overflow, "nan": r.nan_count, "inf": r.inf_count}
+        if site["first"] != "apart" and got != site:
+            self.fail(f"step log {r}: the reference's gradients held {site}")
         self.stats["first_named"] += r.first_overflow is not None
 
     def op_scaler_state(self, fresh):

@@ -123,12 +123,13 @@ def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iteration
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
-def test_each_record_names_the_first_non_finite_gradient(data):
+def test_each_record_names_the_first_non_finite_gradient_and_counts_them(data):
     """Three optimizers of two param groups each (a parameter may have no gradient),
     stepped in a random order through a random check (unscale_, clip_grad_norm_, step's
     own; lucid_amp's fused AdamW, which only checks, among them): a record names the first
     optimizer, in that order, whose gradients held inf/NaN, and its first such parameter
-    with the groups concatenated; None for a clean iteration."""
+    with the groups concatenated (None for a clean iteration), and counts the NaN and inf
+    entries."""
     from lucid_amp.optim import FusedAdamW
 
     sizes = [[1, 7, 300], [70000, 3], [5, 2, 9]]
@@ -145,6 +146,7 @@ def test_each_record_names_the_first_non_finite_gradient(data):
         scaler.scale(torch.ones(()))
         order = data.draw(st.permutations(range(3)))
         first = None
+        counts = {"nan": 0, "inf": 0}
         checked = False  # an update without checks (no gradient at all) logs no record
         for place, j in enumerate(order):
             for k, q in enumerate(params[j]):
@@ -153,6 +155,7 @@ def test_each_record_names_the_first_non_finite_gradient(data):
                 checked = checked or q.grad is not None
                 if kind in ("inf", "nan"):
                     q.grad[data.draw(st.integers(0, q.numel() - 1))] = float(kind)
+                    counts[kind] += 1
                     if first is None:
                         first = (place, k)
             check = data.draw(st.sampled_from(["unscale_", "clip", "step"]))
@@ -163,8 +166,9 @@ def test_each_record_names_the_first_non_finite_gradient(data):
             scaler.step(opts[j])
         scaler.update()
         if checked:
-            expected.append(first)
-    assert [r.first_overflow for r in scaler.history(wait=True)] == expected
+            expected.append((first, counts["nan"], counts["inf"]))
+    log = scaler.history(wait=True)
+    assert [(r.first_overflow, r.nan_count, r.inf_count) for r in log] == expected
 
 
 @pytest.mark.parametrize("left", [2.0, -1.0])
@@ -247,8 +251,9 @@ def test_records_are_plain_and_write_to_csv():
     for record in scaler.history(wait=True):
         writer.writerow(dataclasses.asdict(record))
     assert out.getvalue().splitlines() == [
-        "update,scale,new_scale,found_inf,overflowed_optimizers,first_overflow,change,grad_norm",
-        "0,2.0,4.0,False,(),,growth,",
+        "update,scale,new_scale,found_inf,overflowed_optimizers,first_overflow,nan_count,"
+        "inf_count,change,grad_norm",
+        "0,2.0,4.0,False,(),,0,0,growth,",
     ]
 
 
@@ -297,5 +302,6 @@ def test_a_captured_steps_replays_are_logged_like_eager_updates():
     log = scaler.history(wait=True)
     assert [r.found_inf for r in log[-3:]] == overflows
     assert [r.first_overflow for r in log[-3:]] == [(0, 0), None, (0, 0)]
+    assert [r.inf_count for r in log[-3:]] == [4, 0, 4]
     assert [r.new_scale for r in log[-3:]] == [512.0, 512.0, 256.0]
     assert [r.update for r in log] == list(range(len(log)))

@@ -121,6 +121,12 @@ struct StepRecord {
   /// when only a found-inf hook raised the flag (another rank's gradients) or the norm
   /// alone overflowed (finite gradients whose squares sum past float32).
   std::optional<GradientPlace> first_overflow;
+  /// How many gradient entries held NaN once unscaled, over the iteration's checks (each
+  /// optimizer's gradients as its first unscale_, clip_grad_norm_ or step() saw them); 0
+  /// where first_overflow is nullopt.
+  int64_t nan_count = 0;
+  /// How many held inf (an entry that overflowed only once unscaled counts), as nan_count.
+  int64_t inf_count = 0;
   /// What the update did to the scale (a backoff held at min_scale is a backoff).
   ScaleChange change = ScaleChange::kNone;
   /// The total norm the iteration's last clip_grad_norm_ returned (before clipping, of

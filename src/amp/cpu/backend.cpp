@@ -21,15 +21,17 @@ double inv_scale_on_host(const at::Tensor& scale) {
   return 1.0 / static_cast<double>((scale.is_cpu() ? scale : scale.to(at::kCPU)).item<float>());
 }
 
-// Raises the flag and lowers the site's slot (on any device) to `first`, the kernels'
-// result, when a gradient was non-finite.
-void record(int64_t first, at::Tensor& found_inf, const OverflowSite& site) {
-  if (first == detail::kNoOverflowKey) {
+// Raises the flag and records what the kernels met in the site's slot (on any device),
+// when a gradient was non-finite.
+void record(const NonFinite& met, at::Tensor& found_inf, const OverflowSite& site) {
+  if (!met.any()) {
     return;
   }
   found_inf.fill_(1.0);
   if (site.slot.defined()) {
-    site.slot.clamp_max_(first);
+    site.slot.select(0, detail::kSiteFirstKey).clamp_max_(met.first);
+    site.slot.select(0, detail::kSiteNanCount).add_(met.nan);
+    site.slot.select(0, detail::kSiteInfCount).add_(met.inf);
   }
 }
 
@@ -46,10 +48,10 @@ void table_check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor&
 
 at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                  at::Tensor& found_inf, const OverflowSite& site, NormKind kind) {
-  int64_t first = detail::kNoOverflowKey;
+  NonFinite met;
   const float partial =
-      check_and_norm(grads, inv_scale_on_host(scale), kind == NormKind::kInf, site.keys, &first);
-  record(first, found_inf, site);
+      check_and_norm(grads, inv_scale_on_host(scale), kind == NormKind::kInf, site.keys, &met);
+  record(met, found_inf, site);
   return at::full({}, partial, at::TensorOptions().dtype(at::kFloat));
 }
 

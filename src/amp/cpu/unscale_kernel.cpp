@@ -47,7 +47,7 @@ struct Span {
   void* data;
   int64_t numel;
   at::ScalarType dtype;
-  int64_t key;  // its gradient's key (NOTE: [First overflow] in amp/scale_rule.h)
+  int64_t key;  // its gradient's key (NOTE: [Overflow site] in amp/scale_rule.h)
 };
 
 // The exponent field of an IEEE type: all ones means inf or NaN.
@@ -115,6 +115,47 @@ bool unscale_span(const Span& span, float inv_f32, double inv_f64) {
   }
 }
 
+// The NaN and inf entries among a span's values times `inv` (1 for a span unscaled in
+// place), added to `met`: counted exactly, one by one, on the rare path of a span that
+// holds a non-finite value, so that the vectorised loops above stay as they are.
+template <typename Load>
+void count_non_finite(int64_t n, Load load, NonFinite& met) {
+  for (int64_t i = 0; i < n; ++i) {
+    const auto y = load(i);
+    met.nan += std::isnan(y) ? 1 : 0;
+    met.inf += std::isinf(y) ? 1 : 0;
+  }
+}
+
+void count_non_finite(const Span& span, float inv_f32, double inv_f64, NonFinite& met) {
+  switch (span.dtype) {
+    case at::kFloat: {
+      const float* p = static_cast<const float*>(span.data);
+      return count_non_finite(
+          span.numel, [&](int64_t i) { return p[i] * inv_f32; }, met);
+    }
+    case at::kDouble: {
+      const double* p = static_cast<const double*>(span.data);
+      return count_non_finite(
+          span.numel, [&](int64_t i) { return p[i] * inv_f64; }, met);
+    }
+    case at::kBFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(span.data);
+      return count_non_finite(
+          span.numel,
+          [&](int64_t i) {
+            const uint32_t widened = static_cast<uint32_t>(p[i]) << 16;
+            float x;
+            std::memcpy(&x, &widened, sizeof x);
+            return x * inv_f32;
+          },
+          met);
+    }
+    default:
+      TORCH_INTERNAL_ASSERT(false, "lucid-amp CPU count got dtype ", span.dtype);
+  }
+}
+
 // The chunks in list order; a gradient's key is keys[i], or its index i without keys.
 std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads,
                                     const std::vector<int64_t>& keys) {
@@ -136,25 +177,41 @@ std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads,
 
 namespace {
 
-// The smallest key of a span that holds a non-finite value, or kNoOverflowKey.
+// What the spans that hold a non-finite value hold (`bad`: one entry per span), in span
+// order. Values unscaled in place (kWrite) are counted as they now are.
 template <bool kWrite>
-int64_t run_spans(const std::vector<at::Tensor>& grads, double inv_scale,
-                  const std::vector<int64_t>& keys) {
+NonFinite non_finite_of(const std::vector<Span>& spans, const std::vector<char>& bad, float inv_f32,
+                        double inv_f64) {
+  NonFinite met;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (bad[i]) {
+      met.first = std::min(met.first, spans[i].key);
+      count_non_finite(spans[i], kWrite ? 1.0f : inv_f32, kWrite ? 1.0 : inv_f64, met);
+    }
+  }
+  return met;
+}
+
+template <bool kWrite>
+NonFinite run_spans(const std::vector<at::Tensor>& grads, double inv_scale,
+                    const std::vector<int64_t>& keys) {
   const std::vector<Span> spans = split_into_chunks(grads, keys);
   const float inv_f32 = static_cast<float>(inv_scale);
-  std::atomic<int64_t> first{detail::kNoOverflowKey};
+  std::vector<char> bad(spans.size(), 0);  // written only where a span holds one
+  std::atomic<bool> found{false};
   at::parallel_for(0, static_cast<int64_t>(spans.size()), 1, [&](int64_t begin, int64_t end) {
-    int64_t local = detail::kNoOverflowKey;
+    bool local = false;
     for (int64_t i = begin; i < end; ++i) {
       if (unscale_span<kWrite>(spans[i], inv_f32, inv_scale)) {
-        local = std::min(local, spans[i].key);
+        bad[i] = 1;
+        local = true;
       }
     }
-    int64_t seen = first.load(std::memory_order_relaxed);
-    while (local < seen && !first.compare_exchange_weak(seen, local, std::memory_order_relaxed)) {
+    if (local) {
+      found.store(true, std::memory_order_relaxed);
     }
   });
-  return first.load();
+  return found.load() ? non_finite_of<kWrite>(spans, bad, inv_f32, inv_scale) : NonFinite();
 }
 
 }  // namespace
@@ -273,7 +330,7 @@ NormPartial norm_span(const Span& span, float inv_f32, double inv_f64, bool inf_
 }  // namespace
 
 float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, bool inf_norm,
-                     const std::vector<int64_t>& keys, int64_t* first) {
+                     const std::vector<int64_t>& keys, NonFinite* met) {
   const std::vector<Span> spans = split_into_chunks(grads, keys);
   const float inv_f32 = static_cast<float>(inv_scale);
   std::vector<NormPartial> partials(spans.size());
@@ -283,12 +340,12 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
     }
   });
   NormPartial total;
-  *first = detail::kNoOverflowKey;
+  std::vector<char> bad(spans.size(), 0);
+  bool found = false;
   for (size_t i = 0; i < partials.size(); ++i) {  // chunk order: the same bits on any thread count
     const NormPartial& p = partials[i];
-    if (p.bad) {
-      *first = std::min(*first, spans[i].key);
-    }
+    bad[i] = p.bad ? 1 : 0;
+    found = found || p.bad;
     if (inf_norm) {
       total.value = (std::isnan(p.value) || p.value > total.value) && !std::isnan(total.value)
                         ? p.value
@@ -297,16 +354,17 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
       total.value += p.value;
     }
   }
+  *met = found ? non_finite_of<false>(spans, bad, inv_f32, inv_scale) : NonFinite();
   return total.value;
 }
 
-int64_t unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale,
-                           const std::vector<int64_t>& keys) {
+NonFinite unscale_and_check_(const std::vector<at::Tensor>& grads, double inv_scale,
+                             const std::vector<int64_t>& keys) {
   return run_spans<true>(grads, inv_scale, keys);
 }
 
-int64_t check_finite(const std::vector<at::Tensor>& grads, double inv_scale,
-                     const std::vector<int64_t>& keys) {
+NonFinite check_finite(const std::vector<at::Tensor>& grads, double inv_scale,
+                       const std::vector<int64_t>& keys) {
   return run_spans<false>(grads, inv_scale, keys);
 }
 

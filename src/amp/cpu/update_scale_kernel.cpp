@@ -35,7 +35,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
     detail::log_update(
         record.log.data_ptr<double>(), state.scale, next.scale, flag, event,
         record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr,
-        record.first_overflow.defined() ? record.first_overflow.data_ptr<int64_t>() : nullptr);
+        record.overflow_site.defined() ? record.overflow_site.data_ptr<int64_t>() : nullptr);
   }
 }
 

@@ -57,19 +57,21 @@ void for_each_dtype(const std::vector<at::Tensor>& grads, const std::vector<int6
   }
 }
 
-// Runs launch(scale_ptr, flag_ptr, first_ptr, stream) on `device` and its current stream,
-// with the scale, an overflow flag and the site's first-overflow slot (null: none) on that
-// device. A flag or slot on another device (a model split over devices) is raised or
-// lowered afterwards through one on `device`.
+// Runs launch(scale_ptr, flag_ptr, site_ptr, stream) on `device` and its current stream,
+// with the scale, an overflow flag and the overflow site's slot (null: none) on that
+// device. A flag or slot on another device (a model split over devices) is recorded into
+// afterwards through one on `device`.
 template <typename Launch>
 void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Tensor& found_inf,
                       const OverflowSite& site, Launch launch) {
   const bool local_flag = found_inf.device() != device;
   at::Tensor flag = local_flag ? at::zeros({}, found_inf.options().device(device)) : found_inf;
   const bool local_slot = site.slot.defined() && site.slot.device() != device;
-  const at::Tensor slot =
-      local_slot ? at::full({}, detail::kNoOverflowKey, site.slot.options().device(device))
-                 : site.slot;
+  at::Tensor slot = site.slot;
+  if (local_slot) {
+    slot = at::zeros_like(site.slot, site.slot.options().device(device));
+    slot.select(0, detail::kSiteFirstKey).fill_(detail::kNoOverflowKey);
+  }
   {
     c10::cuda::CUDAGuard guard(device);
     at::Tensor scale_here;
@@ -81,7 +83,10 @@ void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Ten
     found_inf.copy_(at::maximum(found_inf, flag.to(found_inf.device())));
   }
   if (local_slot) {
-    site.slot.copy_(at::minimum(site.slot, slot.to(site.slot.device())));
+    const at::Tensor met = slot.to(site.slot.device());
+    at::Tensor first = site.slot.select(0, detail::kSiteFirstKey);
+    first.copy_(at::minimum(first, met.select(0, detail::kSiteFirstKey)));
+    site.slot.narrow(0, detail::kSiteNanCount, 2).add_(met.narrow(0, detail::kSiteNanCount, 2));
   }
 }
 
@@ -96,15 +101,15 @@ void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& s
   }
   launch_on_device(
       grads.front().device(), scale, found_inf, site,
-      [&](const float* scale_ptr, float* flag_ptr, int64_t* first_ptr, cudaStream_t stream) {
-        for_each_dtype(grads, first_ptr != nullptr ? site.keys : std::vector<int64_t>(),
-                       [&](const TensorTable& table, ElementType type) {
-                         C10_CUDA_CHECK(kWrite
-                                            ? launch_unscale_and_check(table, type, scale_ptr,
-                                                                       flag_ptr, first_ptr, stream)
-                                            : launch_check_finite(table, type, scale_ptr, flag_ptr,
-                                                                  first_ptr, stream));
-                       });
+      [&](const float* scale_ptr, float* flag_ptr, int64_t* site_ptr, cudaStream_t stream) {
+        for_each_dtype(
+            grads, site_ptr != nullptr ? site.keys : std::vector<int64_t>(),
+            [&](const TensorTable& table, ElementType type) {
+              C10_CUDA_CHECK(
+                  kWrite
+                      ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, site_ptr, stream)
+                      : launch_check_finite(table, type, scale_ptr, flag_ptr, site_ptr, stream));
+            });
       });
 }
 
@@ -130,12 +135,12 @@ at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at:
       at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
   launch_on_device(
       grads.front().device(), scale, found_inf, site,
-      [&](const float* scale_ptr, float* flag_ptr, int64_t* first_ptr, cudaStream_t stream) {
-        for_each_dtype(grads, first_ptr != nullptr ? site.keys : std::vector<int64_t>(),
+      [&](const float* scale_ptr, float* flag_ptr, int64_t* site_ptr, cudaStream_t stream) {
+        for_each_dtype(grads, site_ptr != nullptr ? site.keys : std::vector<int64_t>(),
                        [&](const TensorTable& table, ElementType type) {
                          at::Tensor out = at::empty({norm_partials(table)}, partial_options);
                          C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr,
-                                                              first_ptr, out.data_ptr<float>(),
+                                                              site_ptr, out.data_ptr<float>(),
                                                               kind == NormKind::kInf, stream));
                          partials.push_back(std::move(out));
                        });
@@ -168,7 +173,7 @@ void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
       record.counts.defined() ? record.counts.data_ptr<int64_t>() : nullptr,
       record.log.defined() ? record.log.data_ptr<double>() : nullptr,
       record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr,
-      record.first_overflow.defined() ? record.first_overflow.data_ptr<int64_t>() : nullptr,
+      record.overflow_site.defined() ? record.overflow_site.data_ptr<int64_t>() : nullptr,
       at::cuda::getCurrentCUDAStream()));
 }
 

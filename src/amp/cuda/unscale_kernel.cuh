@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "amp/cuda/unscale_kernels.h"
+#include "amp/scale_rule.h"
 #include "cuda_common/multi_tensor_apply.cuh"
 
 namespace lucid {
@@ -26,28 +27,41 @@ using cuda_common::Table;
 // (docs/PERFORMANCE.md has the shapes timed).
 constexpr int kUnscaleThreads = 512;
 
-// The first tensor, in table order, in which one thread met a non-finite value (NOTE:
-// [First overflow] in amp/scale_rule.h), noted at each change of tensor rather than per
-// element: a thread walks its tensors in ascending order, and its `bad` only ever rises.
-struct FirstBad {
+// What one thread met (NOTE: [Overflow site] in amp/scale_rule.h): its NaN and inf
+// entries, and the first tensor, in table order, that held one, noted at each change of
+// tensor rather than per element (a thread walks its tensors in ascending order, and its
+// counts only ever rise).
+struct Met {
+  uint32_t nan = 0;
+  uint32_t inf = 0;
   int tensor = -1;
   int first = -1;
-  __device__ void begin_tensor(bool bad, int t) {
-    if (bad && first < 0) first = tensor;
+  template <typename O>
+  __device__ void value(O x) {
+    nan += isnan(x) ? 1u : 0u;
+    inf += isinf(x) ? 1u : 0u;
+  }
+  __device__ bool bad() const { return (nan | inf) != 0; }
+  __device__ void begin_tensor(int t) {
+    if (bad() && first < 0) first = tensor;
     tensor = t;
   }
-  __device__ int result() const { return first < 0 ? tensor : first; }
+  __device__ int first_tensor() const { return first < 0 ? tensor : first; }
 };
 
-// A thread that met a non-finite value raises the flag and lowers the slot `first` (when
-// given) to its first such tensor's key, the table's list kKeyList: keys are
-// non-negative, so their order is that of the unsigned 64-bit values atomicMin compares.
-__device__ __forceinline__ void record_bad(const Table& table, const FirstBad& site,
-                                           float* found_inf, int64_t* first) {
+// A thread that met a non-finite value raises the flag and, where the site is given,
+// lowers its first key to that of its first such tensor (the table's list kKeyList: keys
+// are non-negative, so their order is that of the unsigned 64-bit values atomicMin
+// compares) and adds its counts.
+__device__ __forceinline__ void record_bad(const Table& table, const Met& met, float* found_inf,
+                                           int64_t* site) {
   *found_inf = 1.0f;  // racy on purpose: every writer writes the same value
-  if (first != nullptr) {
-    atomicMin(reinterpret_cast<unsigned long long*>(first),
-              static_cast<unsigned long long>(table.value(kKeyList, site.result())));
+  if (site != nullptr) {
+    auto* fields = reinterpret_cast<unsigned long long*>(site);
+    atomicMin(fields + detail::kSiteFirstKey,
+              static_cast<unsigned long long>(table.value(kKeyList, met.first_tensor())));
+    atomicAdd(fields + detail::kSiteNanCount, static_cast<unsigned long long>(met.nan));
+    atomicAdd(fields + detail::kSiteInfCount, static_cast<unsigned long long>(met.inf));
   }
 }
 
@@ -55,13 +69,12 @@ template <typename S>
 struct UnscaleOp {
   using E = Element<S>;
   typename E::opmath inv;
-  bool bad = false;
-  FirstBad site;
+  Met met;
   __device__ static constexpr bool writes(int d) { return d == kGradList; }
-  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
+  __device__ void begin_tensor(const Table&, int t) { met.begin_tensor(t); }
   __device__ void element(S (&e)[1]) {
     const auto x = E::load(e[kGradList]) * inv;
-    bad |= !isfinite(x);
+    met.value(x);
     e[kGradList] = E::store(x);
   }
 };
@@ -70,11 +83,10 @@ template <typename S>
 struct CheckOp {
   using E = Element<S>;
   typename E::opmath inv;
-  bool bad = false;
-  FirstBad site;
+  Met met;
   __device__ static constexpr bool writes(int) { return false; }
-  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
-  __device__ void element(S (&e)[1]) { bad |= !isfinite(E::load(e[kGradList]) * inv); }
+  __device__ void begin_tensor(const Table&, int t) { met.begin_tensor(t); }
+  __device__ void element(S (&e)[1]) { met.value(E::load(e[kGradList]) * inv); }
 };
 
 // The read-only check with the norm's partial of one thread: the sum of squares, or the
@@ -83,14 +95,13 @@ template <typename S, bool kInf>
 struct NormCheckOp {
   using E = Element<S>;
   typename E::opmath inv;
-  bool bad = false;
-  FirstBad site;
+  Met met;
   float partial = 0.0f;
   __device__ static constexpr bool writes(int) { return false; }
-  __device__ void begin_tensor(const Table&, int t) { site.begin_tensor(bad, t); }
+  __device__ void begin_tensor(const Table&, int t) { met.begin_tensor(t); }
   __device__ void element(S (&e)[1]) {
     const auto x = E::load(e[kGradList]) * inv;
-    bad |= !isfinite(x);
+    met.value(x);
     const float f = static_cast<float>(x);
     partial = combine(partial, kInf ? fabsf(f) : f * f);
   }
@@ -104,15 +115,15 @@ struct NormCheckOp {
 // gradients give the same bits run to run. `partials` has grid_for(table) entries.
 template <typename S, bool kInf>
 __global__ void __launch_bounds__(kUnscaleThreads)
-    norm_check_kernel(Table table, const float* scale, float* found_inf, int64_t* first,
+    norm_check_kernel(Table table, const float* scale, float* found_inf, int64_t* site,
                       float* partials) {
   using Op = NormCheckOp<S, kInf>;
   __shared__ float tree[kUnscaleThreads];
   Op op;
   op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
   cuda_common::walk_block_range<S, 1>(table, table.offsets, op);
-  if (op.bad) {
-    record_bad(table, op.site, found_inf, first);
+  if (op.met.bad()) {
+    record_bad(table, op.met, found_inf, site);
   }
   tree[threadIdx.x] = op.partial;
   __syncthreads();
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(kUnscaleThreads)
 // launched with offsets_bytes(table) of dynamic shared memory when true.
 template <typename S, bool kWrite, bool kStageOffsets>
 __global__ void __launch_bounds__(kUnscaleThreads)
-    unscale_kernel(Table table, const float* scale, float* found_inf, int64_t* first) {
+    unscale_kernel(Table table, const float* scale, float* found_inf, int64_t* site) {
   using Op = typename std::conditional<kWrite, UnscaleOp<S>, CheckOp<S>>::type;
   extern __shared__ int64_t shared_offsets[];
   const int64_t* offsets =
@@ -139,8 +150,8 @@ __global__ void __launch_bounds__(kUnscaleThreads)
   Op op;
   op.inv = cuda_common::inverse_scale<typename Element<S>::opmath>(scale);
   cuda_common::walk_block_range<S, 1>(table, offsets, op);
-  if (op.bad) {
-    record_bad(table, op.site, found_inf, first);
+  if (op.met.bad()) {
+    record_bad(table, op.met, found_inf, site);
   }
 }
 

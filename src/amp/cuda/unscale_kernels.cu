@@ -19,41 +19,41 @@ constexpr int64_t kCheckChunkElements = 32768;
 // Unchecked on purpose: launch_unscale below has checked the table.
 template <typename S, bool kWrite>
 cudaError_t launch_unscale_typed(const Table& table, const float* scale, float* found_inf,
-                                 int64_t* first, cudaStream_t stream) {
+                                 int64_t* site, cudaStream_t stream) {
   if (table.n <= cuda_common::kSharedOffsets) {
     return cuda_common::launch_on_table(unscale_kernel<S, kWrite, true>, table, kUnscaleThreads,
                                         cuda_common::offsets_bytes(table), stream, scale, found_inf,
-                                        first);
+                                        site);
   }
   return cuda_common::launch_on_table(unscale_kernel<S, kWrite, false>, table, kUnscaleThreads, 0,
-                                      stream, scale, found_inf, first);
+                                      stream, scale, found_inf, site);
 }
 
 template <bool kWrite>
 cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* scale,
-                           float* found_inf, int64_t* first, cudaStream_t stream) {
+                           float* found_inf, int64_t* site, cudaStream_t stream) {
   if (t.total_elements == 0) return cudaSuccess;
   const Table table =
       cuda_common::device_table(t, kWrite ? kUnscaleChunkElements : kCheckChunkElements);
   switch (type) {
     case ElementType::kFloat32:
-      return launch_unscale_typed<float, kWrite>(table, scale, found_inf, first, stream);
+      return launch_unscale_typed<float, kWrite>(table, scale, found_inf, site, stream);
     case ElementType::kFloat64:
-      return launch_unscale_typed<double, kWrite>(table, scale, found_inf, first, stream);
+      return launch_unscale_typed<double, kWrite>(table, scale, found_inf, site, stream);
     case ElementType::kBFloat16:
-      return launch_unscale_typed<uint16_t, kWrite>(table, scale, found_inf, first, stream);
+      return launch_unscale_typed<uint16_t, kWrite>(table, scale, found_inf, site, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 template <typename S>
 cudaError_t launch_norm_typed(const Table& table, const float* scale, float* found_inf,
-                              int64_t* first, float* partials, bool inf_norm, cudaStream_t stream) {
+                              int64_t* site, float* partials, bool inf_norm, cudaStream_t stream) {
   return inf_norm
              ? cuda_common::launch_on_table(norm_check_kernel<S, true>, table, kUnscaleThreads, 0,
-                                            stream, scale, found_inf, first, partials)
+                                            stream, scale, found_inf, site, partials)
              : cuda_common::launch_on_table(norm_check_kernel<S, false>, table, kUnscaleThreads, 0,
-                                            stream, scale, found_inf, first, partials);
+                                            stream, scale, found_inf, site, partials);
 }
 
 }  // namespace
@@ -63,29 +63,28 @@ int norm_partials(const TensorTable& table) {
 }
 
 cudaError_t launch_check_and_norm(const TensorTable& t, ElementType type, const float* scale,
-                                  float* found_inf, int64_t* first, float* partials, bool inf_norm,
+                                  float* found_inf, int64_t* site, float* partials, bool inf_norm,
                                   cudaStream_t stream) {
   const Table table = cuda_common::device_table(t, kCheckChunkElements);
   switch (type) {
     case ElementType::kFloat32:
-      return launch_norm_typed<float>(table, scale, found_inf, first, partials, inf_norm, stream);
+      return launch_norm_typed<float>(table, scale, found_inf, site, partials, inf_norm, stream);
     case ElementType::kFloat64:
-      return launch_norm_typed<double>(table, scale, found_inf, first, partials, inf_norm, stream);
+      return launch_norm_typed<double>(table, scale, found_inf, site, partials, inf_norm, stream);
     case ElementType::kBFloat16:
-      return launch_norm_typed<uint16_t>(table, scale, found_inf, first, partials, inf_norm,
-                                         stream);
+      return launch_norm_typed<uint16_t>(table, scale, found_inf, site, partials, inf_norm, stream);
   }
   return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_unscale_and_check(const TensorTable& table, ElementType type, const float* scale,
-                                     float* found_inf, int64_t* first, cudaStream_t stream) {
-  return launch_unscale<true>(table, type, scale, found_inf, first, stream);
+                                     float* found_inf, int64_t* site, cudaStream_t stream) {
+  return launch_unscale<true>(table, type, scale, found_inf, site, stream);
 }
 
 cudaError_t launch_check_finite(const TensorTable& table, ElementType type, const float* scale,
-                                float* found_inf, int64_t* first, cudaStream_t stream) {
-  return launch_unscale<false>(table, type, scale, found_inf, first, stream);
+                                float* found_inf, int64_t* site, cudaStream_t stream) {
+  return launch_unscale<false>(table, type, scale, found_inf, site, stream);
 }
 
 }  // namespace cuda

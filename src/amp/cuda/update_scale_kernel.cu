@@ -13,7 +13,7 @@ namespace {
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     int32_t* overflow_tracker, const float* found_inf,
                                     detail::ScaleRule rule, int64_t* counts, double* log,
-                                    const float* grad_norm, int64_t* first) {
+                                    const float* grad_norm, int64_t* site) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
   const float flag = *found_inf;
@@ -29,7 +29,7 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
     detail::count_update(counts, found, event);
   }
   if (log != nullptr) {
-    detail::log_update(log, state.scale, next.scale, flag, event, grad_norm, first);
+    detail::log_update(log, state.scale, next.scale, flag, event, grad_norm, site);
   }
 }
 
@@ -37,10 +37,10 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
 
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 const float* found_inf, const detail::ScaleRule& rule,
-                                int64_t* counts, double* log, const float* grad_norm,
-                                int64_t* first, cudaStream_t stream) {
+                                int64_t* counts, double* log, const float* grad_norm, int64_t* site,
+                                cudaStream_t stream) {
   update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf, rule,
-                                           counts, log, grad_norm, first);
+                                           counts, log, grad_norm, site);
   return cudaGetLastError();
 }
 

@@ -27,13 +27,13 @@ namespace cuda {
 //                     update advances (detail::count_update), or null.
 //   log:              device pointer to the step log (detail::log_update), or null.
 //   grad_norm:        device pointer to the float32 norm the log records, or null (none).
-//   first:            device pointer to the int64 first-overflow slot the log records and
-//                     sets back (detail::log_update), or null.
+//   site:             device pointer to the iteration's overflow site, which the log
+//                     records and sets back (detail::log_update), or null.
 // All on one device. Returns cudaGetLastError() after the launch.
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 const float* found_inf, const detail::ScaleRule& rule,
-                                int64_t* counts, double* log, const float* grad_norm,
-                                int64_t* first, cudaStream_t stream);
+                                int64_t* counts, double* log, const float* grad_norm, int64_t* site,
+                                cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace amp

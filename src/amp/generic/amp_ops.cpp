@@ -16,14 +16,19 @@ namespace amp {
 namespace generic {
 namespace {
 
-// Raises `found_inf` where `bad` (bool, 0-dim, on the gradient's device) is set, and lowers
-// the site's slot to gradient i's key there.
-void record(const at::Tensor& bad, at::Tensor& found_inf, const OverflowSite& site, size_t i) {
+// Records the unscaled values `work` of gradient i: raises `found_inf` where one is not
+// finite, and there lowers the site's first key to gradient i's and adds its NaN and inf
+// entries to the site's counts.
+void record(const at::Tensor& work, at::Tensor& found_inf, const OverflowSite& site, size_t i) {
+  const at::Tensor bad = work.isfinite().logical_not().any();
   found_inf.copy_(at::maximum(found_inf, bad.to(found_inf.device(), at::kFloat)));
   if (site.slot.defined()) {
-    const at::Tensor key =
-        at::where(bad.to(site.slot.device()), site.keys[i], detail::kNoOverflowKey);
-    site.slot.copy_(at::minimum(site.slot, key));
+    const at::Device where = site.slot.device();
+    const at::Tensor key = at::where(bad.to(where), site.keys[i], detail::kNoOverflowKey);
+    at::Tensor first = site.slot.select(0, detail::kSiteFirstKey);
+    first.copy_(at::minimum(first, key));
+    site.slot.narrow(0, detail::kSiteNanCount, 2)
+        .add_(at::stack({work.isnan().sum(), work.isinf().sum()}).to(where));
   }
 }
 
@@ -40,7 +45,7 @@ void unscale_and_check_(const std::vector<at::Tensor>& grads, const at::Tensor& 
     const at::Tensor inv_scale = scale.to(grad.device(), opmath).reciprocal();
     at::Tensor work = grad.scalar_type() == opmath ? grad : grad.to(opmath);
     work.mul_(inv_scale);
-    record(work.isfinite().logical_not().any(), found_inf, site, i);
+    record(work, found_inf, site, i);
     if (!work.is_same(grad)) {
       grad.copy_(work);  // the single rounding back to the gradient's dtype
     }
@@ -57,7 +62,7 @@ void check_finite_(const std::vector<at::Tensor>& grads, const at::Tensor& scale
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
     }
-    record(work.isfinite().logical_not().any(), found_inf, site, i);
+    record(work, found_inf, site, i);
   }
 }
 
@@ -75,7 +80,7 @@ at::Tensor check_and_norm_(const std::vector<at::Tensor>& grads, const at::Tenso
     if (scale.defined()) {
       work = work * scale.to(grad.device(), opmath).reciprocal();
     }
-    record(work.isfinite().logical_not().any(), found_inf, site, i);
+    record(work, found_inf, site, i);
     const at::Tensor x = work.to(at::kFloat);
     partials.push_back(kind == NormKind::kTwo ? (x * x).sum() : x.abs().max());
   }
@@ -141,15 +146,23 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                                       static_cast<int>(ScaleEvent::kNone))));
     const at::Tensor norm =
         record.grad_norm.defined() ? record.grad_norm : at::full({}, -1.0, scale.options());
-    const at::Tensor& first = record.first_overflow;
-    const at::Tensor first_logged =
-        first.defined() ? at::where(first.eq(detail::kNoOverflowKey), -1.0, first.to(at::kDouble))
-                        : at::full({}, -1.0, scale.options().dtype(at::kDouble));
-    row = at::stack({logged, scale.to(at::kDouble), new_scale.to(at::kDouble),
-                     found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble),
-                     first_logged});
-    if (first.defined()) {
-      first.fill_(detail::kNoOverflowKey);
+    const at::Tensor& site = record.overflow_site;
+    at::Tensor site_logged;  // first key (-1: none), NaN count, inf count
+    if (site.defined()) {
+      const at::Tensor first = site.select(0, detail::kSiteFirstKey);
+      site_logged = at::cat(
+          {at::where(first.eq(detail::kNoOverflowKey), -1.0, first.to(at::kDouble)).reshape({1}),
+           site.narrow(0, detail::kSiteNanCount, 2).to(at::kDouble)});
+    } else {
+      site_logged = at::tensor({-1.0, 0.0, 0.0}, scale.options().dtype(at::kDouble));
+    }
+    row = at::cat(
+        {at::stack({logged, scale.to(at::kDouble), new_scale.to(at::kDouble),
+                    found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)}),
+         site_logged});
+    if (site.defined()) {
+      site.select(0, detail::kSiteFirstKey).fill_(detail::kNoOverflowKey);
+      site.narrow(0, detail::kSiteNanCount, 2).zero_();
     }
   }
   scale.copy_(new_scale);
