@@ -28,9 +28,9 @@ namespace detail {
 //   scale:     float32, 0-dim, on any device; never modified.
 //   found_inf: float32, 0-dim, on `scale`'s device. Pre-zeroing is the caller's job;
 //              this function only ever raises it.
-//   site:      where the first non-finite gradient is recorded (OverflowSite in
-//              backend.h: a slot on any device and one key per gradient); default:
-//              nowhere. Every check below takes it alike.
+//   site:      where the non-finite gradients are recorded (OverflowSite in backend.h:
+//              a slot on any device and one key per gradient); default: nowhere. Every
+//              check below takes it alike.
 // Every gradient is divided, non-finite ones too; dtypes never change; bfloat16 is
 // unscaled and checked in float32 and rounded back once.
 void unscale_grads_(const std::vector<at::Tensor>& grads, const at::Tensor& scale,

@@ -177,14 +177,13 @@ std::vector<Span> split_into_chunks(const std::vector<at::Tensor>& grads,
 
 namespace {
 
-// What the spans that hold a non-finite value hold (`bad`: one entry per span), in span
-// order. Values unscaled in place (kWrite) are counted as they now are.
-template <bool kWrite>
-NonFinite non_finite_of(const std::vector<Span>& spans, const std::vector<char>& bad, float inv_f32,
-                        double inv_f64) {
+// What the spans that hold a non-finite value (`bad(i)`) hold, in span order. Values
+// unscaled in place (kWrite) are counted as they now are.
+template <bool kWrite, typename Bad>
+NonFinite non_finite_of(const std::vector<Span>& spans, Bad bad, float inv_f32, double inv_f64) {
   NonFinite met;
   for (size_t i = 0; i < spans.size(); ++i) {
-    if (bad[i]) {
+    if (bad(i)) {
       met.first = std::min(met.first, spans[i].key);
       count_non_finite(spans[i], kWrite ? 1.0f : inv_f32, kWrite ? 1.0 : inv_f64, met);
     }
@@ -211,7 +210,9 @@ NonFinite run_spans(const std::vector<at::Tensor>& grads, double inv_scale,
       found.store(true, std::memory_order_relaxed);
     }
   });
-  return found.load() ? non_finite_of<kWrite>(spans, bad, inv_f32, inv_scale) : NonFinite();
+  return found.load() ? non_finite_of<kWrite>(
+                            spans, [&](size_t i) { return bad[i] != 0; }, inv_f32, inv_scale)
+                      : NonFinite();
 }
 
 }  // namespace
@@ -340,11 +341,8 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
     }
   });
   NormPartial total;
-  std::vector<char> bad(spans.size(), 0);
   bool found = false;
-  for (size_t i = 0; i < partials.size(); ++i) {  // chunk order: the same bits on any thread count
-    const NormPartial& p = partials[i];
-    bad[i] = p.bad ? 1 : 0;
+  for (const NormPartial& p : partials) {  // chunk order: the same bits on any thread count
     found = found || p.bad;
     if (inf_norm) {
       total.value = (std::isnan(p.value) || p.value > total.value) && !std::isnan(total.value)
@@ -354,7 +352,9 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
       total.value += p.value;
     }
   }
-  *met = found ? non_finite_of<false>(spans, bad, inv_f32, inv_scale) : NonFinite();
+  *met = found ? non_finite_of<false>(
+                     spans, [&](size_t i) { return partials[i].bad; }, inv_f32, inv_scale)
+               : NonFinite();
   return total.value;
 }
 

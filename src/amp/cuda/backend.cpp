@@ -102,14 +102,11 @@ void unscale_or_check_(const std::vector<at::Tensor>& grads, const at::Tensor& s
   launch_on_device(
       grads.front().device(), scale, found_inf, site,
       [&](const float* scale_ptr, float* flag_ptr, int64_t* site_ptr, cudaStream_t stream) {
-        for_each_dtype(
-            grads, site_ptr != nullptr ? site.keys : std::vector<int64_t>(),
-            [&](const TensorTable& table, ElementType type) {
-              C10_CUDA_CHECK(
-                  kWrite
-                      ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, site_ptr, stream)
-                      : launch_check_finite(table, type, scale_ptr, flag_ptr, site_ptr, stream));
-            });
+        for_each_dtype(grads, site.keys, [&](const TensorTable& table, ElementType type) {
+          C10_CUDA_CHECK(
+              kWrite ? launch_unscale_and_check(table, type, scale_ptr, flag_ptr, site_ptr, stream)
+                     : launch_check_finite(table, type, scale_ptr, flag_ptr, site_ptr, stream));
+        });
       });
 }
 
@@ -136,14 +133,13 @@ at::Tensor table_check_and_norm_(const std::vector<at::Tensor>& grads, const at:
   launch_on_device(
       grads.front().device(), scale, found_inf, site,
       [&](const float* scale_ptr, float* flag_ptr, int64_t* site_ptr, cudaStream_t stream) {
-        for_each_dtype(grads, site_ptr != nullptr ? site.keys : std::vector<int64_t>(),
-                       [&](const TensorTable& table, ElementType type) {
-                         at::Tensor out = at::empty({norm_partials(table)}, partial_options);
-                         C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr,
-                                                              site_ptr, out.data_ptr<float>(),
-                                                              kind == NormKind::kInf, stream));
-                         partials.push_back(std::move(out));
-                       });
+        for_each_dtype(grads, site.keys, [&](const TensorTable& table, ElementType type) {
+          at::Tensor out = at::empty({norm_partials(table)}, partial_options);
+          C10_CUDA_CHECK(launch_check_and_norm(table, type, scale_ptr, flag_ptr, site_ptr,
+                                               out.data_ptr<float>(), kind == NormKind::kInf,
+                                               stream));
+          partials.push_back(std::move(out));
+        });
       });
   const at::Tensor all = partials.size() == 1 ? partials.front() : at::cat(partials);
   return kind == NormKind::kTwo ? all.sum() : all.max();
