@@ -7,7 +7,8 @@
 # minutes on 2 cores; configure with -DLUCID_AMP_DISCOVER_TESTS=ON for one entry per case),
 # then the Python package (scripts/python_test.sh: built in place against .venv's torch,
 # linking the library just built, and its pytest suite without the tests marked slow),
-# then every .cu file compiled with the machine's nvcc for sm_90 (scripts/compile_cuda.sh).
+# then every .cu file compiled with the machine's nvcc for sm_90 and the CUDA backends'
+# host C++ checked by g++ (scripts/compile_cuda.sh).
 # Extra arguments go to CMake. Each stage prints how long it took.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
