@@ -317,12 +317,19 @@ TEST_F(Cuda, OwnUnscaleKernelMatchesAReferenceOnManyTensorsAndDtypes) {
 }
 
 // Lists longer than the kernels' shared copy of the offsets (4096 tensors) search them in
-// global memory; both ways must find every tensor, empty ones included.
+// global memory, and so do lists of small tensors, whose chunks are capped at their mean
+// size; every way must find every tensor, empty ones included.
 TEST_F(Cuda, UnscaleAndCheckFindEveryTensorOfShortAndLongLists) {
-  for (int count : {300, 5000}) {
+  struct List {
+    int count;
+    int64_t size_step;  // tensor i holds (i % 7) * size_step elements; 0: one each
+  };
+  for (const List list : {List{300, 1031}, List{5000, 1031}, List{288, 0}, List{300, 9}}) {
+    const int count = list.count;
     std::vector<torch::Tensor> grads;
     for (int i = 0; i < count; ++i) {
-      grads.push_back(torch::full({(i % 7) * 1031}, 8.0f, gpu));  // every 7th is empty
+      const int64_t n = list.size_step == 0 ? 1 : (i % 7) * list.size_step;  // 0: empty
+      grads.push_back(torch::full({n}, 8.0f, gpu));
     }
     auto found = torch::zeros({}, gpu);
     lucid::amp::detail::unscale_grads_(grads, torch::full({}, 4.0f, gpu), found);
@@ -343,14 +350,16 @@ TEST_F(Cuda, UnscaleAndCheckFindEveryTensorOfShortAndLongLists) {
   }
 }
 
-// The kernels' record of the first non-finite gradient: short and long lists (offsets in
-// shared and in global memory), mixed dtypes (one launch each), a slot on the GPU and one
-// on the CPU (lowered through one on the GPU).
+// The kernels' record of the first non-finite gradient: lists of small tensors (chunks
+// capped at their mean size, offsets searched in global memory), of large ones (full
+// chunks, offsets in shared memory) and longer than that shared copy, mixed dtypes (one
+// launch each), a slot on the GPU and one on the CPU (lowered through one on the GPU).
 TEST_F(Cuda, EveryCheckRecordsTheSmallestKeyOfANonFiniteGradient) {
   for (const int count : {1, 40, 5000}) {
     lucid_test::expect_checks_record_the_first_overflow(gpu, gpu, count,
                                                         static_cast<unsigned>(count));
   }
+  lucid_test::expect_checks_record_the_first_overflow(gpu, gpu, 40, 7, /*min_size=*/40000);
   lucid_test::expect_checks_record_the_first_overflow(gpu, torch::kCPU, 40, 9);
 }
 

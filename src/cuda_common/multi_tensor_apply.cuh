@@ -274,10 +274,12 @@ inline int grid_for(const Table& table) {
 // loads before its first element (its pointers; for the optimizers, its step counter),
 // about a microsecond of memory latency. In fixed chunks, a list of many small tensors
 // leaves that walk to a few blocks: 144 one-element tensors are one block of the
-// optimizers' 16K chunk. chunk_for_list caps a launch's chunk at the list's mean tensor
-// size (rounded up to a multiple of 8), so that a block meets only a few tensors and the
-// walk is shared by as many blocks as there are tensors; a list whose mean tensor fills a
-// chunk keeps the chunk it asked for. docs/PERFORMANCE.md has the timings.
+// optimizers' 16K chunk, and 288 are one block of the scaler's 32K check. chunk_for_list
+// caps a launch's chunk at the list's mean tensor size (rounded up to a multiple of 8),
+// so that a block meets only a few tensors and the walk is shared by as many blocks as
+// there are tensors; a list whose mean tensor fills a chunk keeps the chunk it asked for.
+// The optimizers' and the scaler's launches all take it. docs/PERFORMANCE.md has the
+// timings.
 inline int64_t chunk_for_list(const TensorTable& t, int64_t chunk) {
   if (t.num_tensors == 0) return chunk;
   const int64_t mean = (t.total_elements + t.num_tensors - 1) / t.num_tensors;

@@ -22,12 +22,12 @@
 namespace lucid_test {
 
 // Lists of `count` gradients of mixed dtypes and sizes (empty ones, ones of several
-// chunks) on `device`, a few of them holding infs and NaNs; every check must record in a
-// site on `slot_device` the smallest key among those and their NaN and inf entries, and
-// nothing for clean lists.
+// chunks, the others `min_size` to `min_size` + 299 elements) on `device`, a few of them
+// holding infs and NaNs; every check must record in a site on `slot_device` the smallest
+// key among those and their NaN and inf entries, and nothing for clean lists.
 inline void expect_checks_record_the_first_overflow(const torch::Device& device,
                                                     const torch::Device& slot_device, int count,
-                                                    unsigned seed) {
+                                                    unsigned seed, int64_t min_size = 1) {
   namespace detail = lucid::amp::detail;
   std::mt19937 rng(seed);
   std::vector<at::Tensor> grads;
@@ -36,7 +36,7 @@ inline void expect_checks_record_the_first_overflow(const torch::Device& device,
   for (int i = 0; i < count; ++i) {
     const at::ScalarType dtype =
         i % 3 == 0 ? at::kFloat : (i % 3 == 1 ? at::kDouble : at::kBFloat16);
-    const int64_t n = i % 11 == 5 ? 0 : (i % 17 == 3 ? 70001 : 1 + rng() % 300);
+    const int64_t n = i % 11 == 5 ? 0 : (i % 17 == 3 ? 70001 : min_size + rng() % 300);
     grads.push_back(torch::ones({n}, torch::TensorOptions().dtype(dtype).device(device)));
     position += 1 + rng() % 3;  // parameters without a gradient leave gaps
     site.keys.push_back(detail::overflow_key(static_cast<int>(seed % 5), position));

@@ -16,11 +16,21 @@ namespace {
 constexpr int64_t kUnscaleChunkElements = 8192;
 constexpr int64_t kCheckChunkElements = 32768;
 
-// Unchecked on purpose: launch_unscale below has checked the table.
+// The launch's table: chunks of `chunk` elements, capped at the list's mean tensor size
+// for lists of small tensors (NOTE: [Chunks for lists of small tensors]), where one block
+// walking many tensors in turn would take far longer than the pass's bytes.
+Table launch_table(const TensorTable& t, int64_t chunk) {
+  return cuda_common::device_table(t, cuda_common::chunk_for_list(t, chunk));
+}
+
+// Unchecked on purpose: launch_unscale below has checked the table. A block stages the
+// offsets (NOTE: [Offsets in shared memory]) where the list's tensors fill its chunks: with
+// chunks capped for small tensors there are about as many blocks as tensors, and each
+// copying every offset would cost more than the few tensors it reads.
 template <typename S, bool kWrite>
-cudaError_t launch_unscale_typed(const Table& table, const float* scale, float* found_inf,
-                                 int64_t* site, cudaStream_t stream) {
-  if (table.n <= cuda_common::kSharedOffsets) {
+cudaError_t launch_unscale_typed(const Table& table, int64_t full_chunk, const float* scale,
+                                 float* found_inf, int64_t* site, cudaStream_t stream) {
+  if (table.n <= cuda_common::kSharedOffsets && table.chunk == full_chunk) {
     return cuda_common::launch_on_table(unscale_kernel<S, kWrite, true>, table, kUnscaleThreads,
                                         cuda_common::offsets_bytes(table), stream, scale, found_inf,
                                         site);
@@ -33,15 +43,15 @@ template <bool kWrite>
 cudaError_t launch_unscale(const TensorTable& t, ElementType type, const float* scale,
                            float* found_inf, int64_t* site, cudaStream_t stream) {
   if (t.total_elements == 0) return cudaSuccess;
-  const Table table =
-      cuda_common::device_table(t, kWrite ? kUnscaleChunkElements : kCheckChunkElements);
+  const int64_t chunk = kWrite ? kUnscaleChunkElements : kCheckChunkElements;
+  const Table table = launch_table(t, chunk);
   switch (type) {
     case ElementType::kFloat32:
-      return launch_unscale_typed<float, kWrite>(table, scale, found_inf, site, stream);
+      return launch_unscale_typed<float, kWrite>(table, chunk, scale, found_inf, site, stream);
     case ElementType::kFloat64:
-      return launch_unscale_typed<double, kWrite>(table, scale, found_inf, site, stream);
+      return launch_unscale_typed<double, kWrite>(table, chunk, scale, found_inf, site, stream);
     case ElementType::kBFloat16:
-      return launch_unscale_typed<uint16_t, kWrite>(table, scale, found_inf, site, stream);
+      return launch_unscale_typed<uint16_t, kWrite>(table, chunk, scale, found_inf, site, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -59,13 +69,13 @@ cudaError_t launch_norm_typed(const Table& table, const float* scale, float* fou
 }  // namespace
 
 int norm_partials(const TensorTable& table) {
-  return cuda_common::grid_for(cuda_common::device_table(table, kCheckChunkElements));
+  return cuda_common::grid_for(launch_table(table, kCheckChunkElements));
 }
 
 cudaError_t launch_check_and_norm(const TensorTable& t, ElementType type, const float* scale,
                                   float* found_inf, int64_t* site, float* partials, bool inf_norm,
                                   cudaStream_t stream) {
-  const Table table = cuda_common::device_table(t, kCheckChunkElements);
+  const Table table = launch_table(t, kCheckChunkElements);
   switch (type) {
     case ElementType::kFloat32:
       return launch_norm_typed<float>(table, scale, found_inf, site, partials, inf_norm, stream);
