@@ -45,6 +45,13 @@ struct OverflowSite {
   std::vector<int64_t> keys;
 };
 
+// Sets an overflow site's `slot` (any device) to what an iteration that met nothing
+// holds: detail::reset_overflow_site, as tensor ops.
+inline void reset_overflow_site_slot(const at::Tensor& slot) {
+  slot.narrow(0, detail::kSiteNanCount, 2).zero_();
+  slot.select(0, detail::kSiteFirstKey).fill_(detail::kNoOverflowKey);
+}
+
 // The norms a device table accumulates itself; every other norm type is computed from
 // ATen operations by the routing.
 enum class NormKind { kTwo, kInf };

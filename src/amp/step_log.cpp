@@ -3,6 +3,7 @@
 
 #include "amp/step_log.h"
 
+#include "amp/backend.h"
 #include "amp/kernel_routing.h"
 #include "amp/scale_rule.h"
 #include "common/device_kernels.h"
@@ -35,8 +36,7 @@ void StepLog::place(const at::Device& device) {
 
 void StepLog::forget_overflow_site() {
   if (overflow_site_.defined()) {
-    overflow_site_.zero_();
-    overflow_site_.select(0, kSiteFirstKey).fill_(kNoOverflowKey);
+    reset_overflow_site_slot(overflow_site_);
   }
 }
 

@@ -69,8 +69,8 @@ void launch_on_device(const at::Device& device, const at::Tensor& scale, at::Ten
   const bool local_slot = site.slot.defined() && site.slot.device() != device;
   at::Tensor slot = site.slot;
   if (local_slot) {
-    slot = at::zeros_like(site.slot, site.slot.options().device(device));
-    slot.select(0, detail::kSiteFirstKey).fill_(detail::kNoOverflowKey);
+    slot = at::empty_like(site.slot, site.slot.options().device(device));
+    reset_overflow_site_slot(slot);
   }
   {
     c10::cuda::CUDAGuard guard(device);

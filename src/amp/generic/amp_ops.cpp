@@ -161,8 +161,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                     found_inf.to(at::kDouble), event.to(at::kDouble), norm.to(at::kDouble)}),
          site_logged});
     if (site.defined()) {
-      site.select(0, detail::kSiteFirstKey).fill_(detail::kNoOverflowKey);
-      site.narrow(0, detail::kSiteNanCount, 2).zero_();
+      reset_overflow_site_slot(site);
     }
   }
   scale.copy_(new_scale);
