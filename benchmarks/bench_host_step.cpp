@@ -135,7 +135,6 @@ int main(int argc, char** argv) {
          graph_safe.update();
        }},
       {"torch::optim::AdamW: step()", [&] { reference.step(); }},
-      {"stage: the flag's zero fill (at::zeros)", [&] { at::zeros({}, f32); }},
       {"stage: the check over the gradients",
        [&] {
          at::Tensor f = flag;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +68,34 @@ TEST(FoundInfHook, AnyNonZeroFlagItLeavesBecomesOne) {
   const std::vector<lucid::amp::StepRecord> log = scaler.history(/*wait=*/true);
   ASSERT_EQ(log.size(), 1u);
   EXPECT_EQ(log[0].overflowed_optimizers, (std::vector<int>{0, 2}));
+}
+
+// A hook that throws (a collective that failed) after the flag was raised leaves no
+// overflow behind: the optimizer is still ready, and neither a second attempt nor the
+// update sees the raised flag.
+TEST(FoundInfHook, AThrowingHookLeavesNoOverflowBehind) {
+  for (const bool clip : {false, true}) {
+    GradScaler scaler(GradScalerOptions().init_scale(8.0));
+    scaler.set_found_inf_hook(hook_of([](torch::Tensor& f) {
+      f.fill_(1.0);
+      throw std::runtime_error("the collective failed");
+    }));
+    OneParam p;
+    scaler.scale(torch::ones({}));
+    p.param.mutable_grad() = torch::full({4}, 8.0);
+    EXPECT_THROW(
+        clip ? (void)scaler.clip_grad_norm_(p.optimizer, 100.0) : scaler.unscale_(p.optimizer),
+        std::runtime_error);
+    EXPECT_EQ(scaler.stage(p.optimizer), lucid::amp::OptimizerStage::kReady);
+    scaler.set_found_inf_hook(nullptr);
+    p.param.mutable_grad() = torch::full({4}, 8.0);
+    EXPECT_TRUE(scaler.step(p.optimizer).has_value()) << "clip " << clip;
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 8.0);
+    const std::vector<lucid::amp::StepRecord> log = scaler.history(/*wait=*/true);
+    ASSERT_EQ(log.size(), 1u);
+    EXPECT_FALSE(log[0].found_inf) << "clip " << clip;
+  }
 }
 
 TEST(FoundInfHook, RunsForAnOptimizerWithoutGradientsOnceTheScaleExists) {

@@ -218,6 +218,7 @@ TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {
   scaler.step(p.optimizer);
   EXPECT_NE(scaler.found_inf(p.optimizer).item<float>(), 0.0f);
   scaler.update();
+  EXPECT_EQ(flag.item<float>(), 0.0f) << "update() sets the flag back for the next iteration";
   EXPECT_TRUE(
       ThrowsError("update() starts a new iteration", [&] { scaler.found_inf(p.optimizer); }));
   p.clean_grad();

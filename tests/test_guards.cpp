@@ -8,11 +8,13 @@
 #include "amp/cpu/amp_kernels.h"
 #include "amp/backend.h"
 
+#include <algorithm>
 #include <array>
 #include <cfloat>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace {
 
@@ -451,8 +453,18 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
     auto routed = make();
     auto generic = make();
     for (int i = 0; i < 60; ++i) {
-      const bool found = rng() % 3 == 0;
-      const at::Tensor flag = at::full({}, found ? 1.0f : 0.0f);
+      // The iteration's flags, one per optimizer (past the bits the log tells apart, at
+      // times), raised at random; the update takes them all and sets them back.
+      std::vector<float> flags(1 + rng() % 30, 0.0f);
+      for (float& f : flags) {
+        f = rng() % (3 * flags.size()) == 0 ? 1.0f : 0.0f;
+      }
+      const at::Tensor routed_flags = at::tensor(flags);
+      const at::Tensor generic_flags = at::tensor(flags);
+      const float found_bits =
+          lucid::amp::detail::take_found_inf(flags.data(), static_cast<int64_t>(flags.size()));
+      ASSERT_TRUE(std::all_of(flags.begin(), flags.end(), [](float f) { return f == 0.0f; }));
+      const bool found = found_bits != 0.0f;
       lucid::amp::detail::ScaleEvent event;
       const float old_scale = model.scale;
       const float clip_norm = 3.5f;
@@ -470,16 +482,18 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       }
       model = lucid::amp::detail::next_scale_state(model, found, rule, &event);
       lucid::amp::detail::count_update(model_counts.data(), found, event);
-      lucid::amp::detail::log_update(model_log.data(), old_scale, model.scale, found, event,
+      lucid::amp::detail::log_update(model_log.data(), old_scale, model.scale, found_bits, event,
                                      clipped ? &clip_norm : nullptr, site.data());
       ASSERT_EQ(site[0], lucid::amp::detail::kNoOverflowKey);
       ASSERT_EQ(site[1] + site[2], 0);
       const at::Tensor logged_norm = clipped ? norm : at::Tensor();
-      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], flag, rule,
+      lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], routed_flags, rule,
                                         {routed[3], routed[4], logged_norm, routed[5]});
       lucid::amp::generic::amp_backend().update_scale_(
-          generic[0], generic[1], generic[2], flag, rule,
+          generic[0], generic[1], generic[2], generic_flags, rule,
           {generic[3], generic[4], logged_norm, generic[5]});
+      ASSERT_EQ(routed_flags.count_nonzero().item<int64_t>(), 0) << "the update takes the flags";
+      ASSERT_EQ(generic_flags.count_nonzero().item<int64_t>(), 0) << "trial " << trial;
       for (const auto* t : {&routed, &generic}) {
         ASSERT_EQ((*t)[5][0].item<int64_t>(), lucid::amp::detail::kNoOverflowKey)
             << "the update sets the overflow site back, trial " << trial;

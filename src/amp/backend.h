@@ -88,14 +88,16 @@ struct AmpBackend {
   at::Tensor (*check_and_norm_)(const std::vector<at::Tensor>& grads, const at::Tensor& scale,
                                 at::Tensor& found_inf, const OverflowSite& site, NormKind kind);
 
-  // One step of the scale rule, detail::next_scale_state: with the guards of `rule` off
-  // PyTorch's sawtooth, else with hysteresis (and its refill mode) and max_scale.
-  // Args: scale (float32), growth_tracker (int32) and found_inf (float32), 0-dim, all on
-  // one device of this table's device type; overflow_tracker: int32, 0-dim, beside
-  // `scale`; undefined only where `rule` holds hysteresis at 1 (it would stay 0).
-  // record: what the update also writes (UpdateRecord).
+  // One step of the scale rule, detail::next_scale_state, by the iteration's overflow
+  // flags taken and set back to 0 (detail::take_found_inf, NOTE: [Overflow flags] in
+  // scale_rule.h): with the guards of `rule` off PyTorch's sawtooth, else with hysteresis
+  // (and its refill mode) and max_scale.
+  // Args: scale (float32) and growth_tracker (int32), 0-dim, on one device of this table's
+  // device type; flags: float32, contiguous, at least one entry, beside them;
+  // overflow_tracker: int32, 0-dim, beside `scale`; undefined only where `rule` holds
+  // hysteresis at 1 (it would stay 0). record: what the update also writes (UpdateRecord).
   void (*update_scale_)(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                        const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                        const at::Tensor& flags, const detail::ScaleRule& rule,
                         const UpdateRecord& record);
 
   // The clip's arithmetic after check_and_norm_, as one launch: norm = sqrt(partial) for

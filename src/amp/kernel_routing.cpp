@@ -276,9 +276,11 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
 }
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const ScaleRule& rule, const UpdateRecord& record) {
+                   const at::Tensor& flags, const ScaleRule& rule, const UpdateRecord& record) {
   TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || rule.hysteresis == 1,
                         "a scale update with hysteresis needs the overflow tracker");
+  TORCH_INTERNAL_ASSERT(flags.scalar_type() == at::kFloat && flags.is_contiguous() &&
+                        flags.numel() >= 1 && flags.device() == scale.device());
   const at::Tensor& counts = record.counts;
   const at::Tensor& log = record.log;
   const at::Tensor& norm = record.grad_norm;
@@ -297,7 +299,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                         (site.scalar_type() == at::kLong && site.is_contiguous() &&
                          site.numel() == kOverflowSiteFields && site.device() == scale.device()));
   backend_for_device(scale.device().type())
-      .update_scale_(scale, growth_tracker, overflow_tracker, found_inf, rule, record);
+      .update_scale_(scale, growth_tracker, overflow_tracker, flags, rule, record);
 }
 
 PendingFlagRead start_flag_read_(const at::Tensor& found_inf) {

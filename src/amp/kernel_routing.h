@@ -86,20 +86,22 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 // One update of the scale by detail::next_scale_state, on the scale's device, through its
 // device table, with no host synchronisation.
 // Args:
-//   scale:            float32, 0-dim. Multiplied by backoff when found_inf != 0 and
+//   scale:            float32, 0-dim. Multiplied by backoff when a flag is non-zero and
 //                     hysteresis absorbs no more (never below detail::kScaleFloor); by
 //                     growth after `growth_interval` clean updates, unless that overflows
 //                     float32, capped at rule.max_scale.
 //   growth_tracker:   int32, 0-dim, same device: overflow-free updates since the last change.
 //   overflow_tracker: int32, 0-dim, same device: overflows absorbed by hysteresis. May be
 //                     undefined only where rule.hysteresis is 1 (it would stay 0).
-//   found_inf:        float32, 0-dim, same device; non-zero means overflow.
+//   flags:            float32, contiguous, at least one entry, same device: the
+//                     iteration's overflow flags (non-zero: overflow), taken and set back
+//                     to 0 (detail::take_found_inf, NOTE: [Overflow flags]).
 //   rule:             its parameters (rule_of); with the guards off, PyTorch's rule.
 //   record:           what the update also writes (UpdateRecord in backend.h), same
 //                     device: its counts (count_update) and its row of the step log
 //                     (log_update); a part left undefined is not written.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const ScaleRule& rule,
+                   const at::Tensor& flags, const ScaleRule& rule,
                    const UpdateRecord& record = UpdateRecord());
 
 // Starts reading `found_inf` (float32, 0-dim; or the step log) back to the host behind

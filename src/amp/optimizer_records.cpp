@@ -3,11 +3,9 @@
 
 #include "amp/optimizer_records.h"
 
-#include "amp/scale_rule.h"
-
 #include <c10/util/Exception.h>
 
-#include <cmath>
+#include <algorithm>
 
 namespace lucid {
 namespace amp {
@@ -61,36 +59,38 @@ void OptimizerRecords::read_summary(bool* all_read, bool* any_found) const {
   *any_found = found;
 }
 
-at::Tensor OptimizerRecords::combined_found_inf(bool* all_read, bool* any_found) const {
-  // Each flag is 0 or 1, so adding flag * 2^j sets bit j, exactly in float32. The first
-  // optimizer's flag is bit 0 as it is, with no kernel: a launch here would add to every
-  // iteration's update() for the common case of a single optimizer. Optimizers past the
-  // last bit share it through a maximum, so the bit stays 0 or 1.
-  constexpr int kLastBit = kOverflowOptimizerBits - 1;
-  at::Tensor low;
-  at::Tensor last;
-  for (const auto& entry : records_) {
-    const OptimizerRecord& r = entry.second;
-    if (!r.found_inf.defined()) {
-      continue;
-    }
-    if (r.ordinal >= kLastBit) {
-      last = last.defined() ? at::maximum(last, r.found_inf) : r.found_inf;
-      continue;
-    }
-    const double weight = std::ldexp(1.0, r.ordinal);
-    if (low.defined()) {
-      low = at::add(low, r.found_inf, weight);
-    } else {
-      low = r.ordinal == 0 ? r.found_inf : at::mul(r.found_inf, weight);
+void OptimizerRecords::place(const at::Device& device) {
+  if (!flags_.defined()) {
+    // One or two optimizers are the common case; more grow them once.
+    constexpr int64_t kFirstFlags = 4;
+    make_flags(at::zeros({kFirstFlags}, at::TensorOptions().dtype(at::kFloat).device(device)));
+  }
+}
+
+void OptimizerRecords::make_flags(at::Tensor flags) {
+  flags_ = std::move(flags);
+  flag_entries_.clear();
+  for (int64_t j = 0; j < flags_.numel(); ++j) {
+    flag_entries_.push_back(flags_.select(0, j));
+  }
+}
+
+const at::Tensor& OptimizerRecords::flag_of(const OptimizerRecord& record) {
+  TORCH_INTERNAL_ASSERT(flags_.defined(), "the flags are made with the scale");
+  const auto held = static_cast<int64_t>(flag_entries_.size());
+  if (record.ordinal >= held) {
+    at::Tensor grown =
+        at::zeros({std::max<int64_t>(2 * held, record.ordinal + 1)}, flags_.options());
+    grown.narrow(0, 0, held).copy_(flags_);
+    make_flags(std::move(grown));
+    for (auto& entry : records_) {
+      OptimizerRecord& r = entry.second;
+      if (r.found_inf.defined()) {
+        r.found_inf = flag_entries_[r.ordinal];
+      }
     }
   }
-  if (last.defined()) {
-    const double weight = std::ldexp(1.0, kLastBit);
-    low = low.defined() ? at::add(low, last, weight) : at::mul(last, weight);
-  }
-  read_summary(all_read, any_found);
-  return low;
+  return flag_entries_[record.ordinal];
 }
 
 }  // namespace detail

@@ -2,7 +2,8 @@
 #pragma once
 
 // Internal: what the scaler remembers of each optimizer between two update() calls: its
-// stage (ready -> unscaled -> stepped) and its overflow flag. Keyed by OptimizerView::key.
+// stage (ready -> unscaled -> stepped) and its overflow flag, an entry of the iteration's
+// flags (NOTE: [Overflow flags] in scale_rule.h). Keyed by OptimizerView::key.
 
 #include <lucid/amp/grad_scaler_options.h>
 #include <lucid/amp/optimizer_view.h>
@@ -24,7 +25,9 @@ struct OptimizerRecord {
   // clip_grad_norm_ or step() since the last update(). The step log names overflowing
   // optimizers by it.
   int ordinal = 0;
-  at::Tensor found_inf;          // float32, 0-dim, on the scale's device (undefined: clean)
+  // float32, 0-dim, on the scale's device: entry `ordinal` of the iteration's flags, set by
+  // this iteration's check (undefined: none was recorded).
+  at::Tensor found_inf;
   bool found_inf_read = false;   // the host has read found_inf
   bool found_inf_value = false;  // what it read
   // The flag's host copy, started where it became final (not in graph_safe mode), so
@@ -65,12 +68,18 @@ class OptimizerRecords {
   static void check_can_unscale(const OptimizerRecord& record);
   static void check_can_step(const OptimizerRecord& record);
 
-  // The overflow flags of this iteration, combined into one whose bit j is the flag of the
-  // optimizer with ordinal j (ordinals from kOverflowOptimizerBits - 1 on share the last
-  // bit): non-zero exactly when one was set, and what the step log keeps (kLogFoundInf).
-  // Undefined when no optimizer recorded one. `all_read`: the host read every flag;
-  // `any_found`: one it read was set.
-  at::Tensor combined_found_inf(bool* all_read, bool* any_found) const;
+  // Makes the iteration's flags on `device` (the scale's), eagerly, before any capture
+  // (no-op once made).
+  void place(const at::Device& device);
+  // The iteration's flags, which the update takes and sets back to 0: float32, one entry
+  // per ordinal; undefined until placed.
+  const at::Tensor& flags() const { return flags_; }
+  // The flag a check of `record` raises: its entry of flags(). An iteration with more
+  // optimizers than flags() holds grows them, the flags of this iteration kept, and every
+  // record's found_inf is then the new entry.
+  const at::Tensor& flag_of(const OptimizerRecord& record);
+  // Sets every flag back to 0, where an iteration ends without the update kernel.
+  void clear_flags() { flags_.zero_(); }
 
   // Whether any optimizer's overflow was checked in this iteration.
   bool any_checked() const;
@@ -90,7 +99,12 @@ class OptimizerRecords {
   void clear() { records_.clear(); }
 
  private:
+  void make_flags(at::Tensor flags);
+
   std::unordered_map<OptimizerKey, OptimizerRecord> records_;
+  at::Tensor flags_;
+  // flags_'s entries, made once with it rather than by a select() per check.
+  std::vector<at::Tensor> flag_entries_;
 };
 
 }  // namespace detail

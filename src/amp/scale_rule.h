@@ -153,7 +153,7 @@ enum StepLogField : int {
   kLogScale,          // the scale this iteration's gradients were divided by
   kLogNewScale,       // the scale after the update
   kLogFoundInf,       // the update's flag: bit j set when the iteration's optimizer j overflowed
-                      // (OptimizerRecords::combined_found_inf); 0: none
+                      // (take_found_inf); 0: none
   kLogEvent,          // ScaleEvent, as a number
   kLogGradNorm,       // the norm the iteration's last clip_grad_norm_ returned; -1: none
   kLogFirstOverflow,  // the iteration's first non-finite gradient (overflow_key); -1: none
@@ -162,9 +162,32 @@ enum StepLogField : int {
   kStepLogFields,
 };
 constexpr int64_t kStepLogRows = 1024;
-// The optimizers a float32 flag tells apart, one bit each (OptimizerRecords::
-// combined_found_inf): a float32 holds every integer below 2^24 exactly.
+// The optimizers a float32 flag tells apart, one bit each (take_found_inf): a float32
+// holds every integer below 2^24 exactly.
 constexpr int kOverflowOptimizerBits = 24;
+
+// NOTE: [Overflow flags]
+// Each optimizer's overflow flag is entry j of one float32 vector beside the scale, j its
+// place in the iteration (OptimizerRecord::ordinal): the checks only ever raise it, the
+// optimizers skip on it, and the update takes them all in its own kernel (take_found_inf)
+// and sets them back to 0 for the next iteration. The vector is made with the scale (and
+// grown for an iteration with more optimizers than it holds), so no check fills a flag of
+// its own, and a captured iteration, replayed, leaves them as it found them.
+//
+// The update's one flag from the iteration's flags `flags[0..n)`: bit j set when flag j is
+// non-zero, the flags from kOverflowOptimizerBits - 1 on sharing the last bit; 0 when none
+// is. Sets every flag back to 0.
+LUCID_HOST_DEVICE inline float take_found_inf(float* flags, int64_t n) {
+  constexpr int kLastBit = kOverflowOptimizerBits - 1;
+  int32_t bits = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (flags[j] != 0.0f) {
+      bits |= int32_t{1} << (j < kLastBit ? j : kLastBit);
+    }
+    flags[j] = 0.0f;
+  }
+  return static_cast<float>(bits);
+}
 
 // NOTE: [Overflow site]
 // The checks record where the iteration's gradients held inf/NaN once unscaled, in an

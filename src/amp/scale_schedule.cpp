@@ -59,22 +59,22 @@ void ScaleSchedule::ensure_overflow_tracker() {
 }
 
 void ScaleSchedule::run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
-                                      at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                                      at::Tensor& overflow_tracker, const at::Tensor& flags,
                                       const UpdateRecord& record) const {
   // Hysteresis and max_scale off: the overflow tracker takes no part, as in PyTorch's rule.
   at::Tensor unused;
-  update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, found_inf,
+  update_scale_(scale, growth_tracker, guarded() ? overflow_tracker : unused, flags,
                 rule_of(options_), record);
 }
 
-void ScaleSchedule::advance(const at::Tensor& found_inf, const UpdateRecord& record) {
+void ScaleSchedule::advance(const at::Tensor& flags, const UpdateRecord& record) {
   if (guarded()) {
     ensure_overflow_tracker();  // a load may have turned hysteresis or max_scale on
   }
-  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, found_inf, record);
+  run_update_kernel(scale_, growth_tracker_, overflow_tracker_, flags, record);
 }
 
-ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
+ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& flags,
                                                const UpdateRecord& record) {
   if (guarded()) {
     ensure_overflow_tracker();
@@ -88,7 +88,9 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& found_inf,
   p.record = {record.counts.clone(), record.log.defined() ? record.log.clone() : at::Tensor(),
               record.grad_norm,
               record.overflow_site.defined() ? record.overflow_site.clone() : at::Tensor()};
-  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, found_inf, p.record);
+  p.target_flags = flags;
+  p.flags = flags.clone();
+  run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, p.flags, p.record);
   p.new_scale = p.scale.item<float>();
   // What the rule did, from its own counts: before and after, in one read.
   const at::Tensor read = at::stack({record.counts, p.record.counts}).to(at::kCPU);
@@ -121,6 +123,7 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   if (proposal.target.overflow_site.defined()) {
     proposal.target.overflow_site.copy_(proposal.record.overflow_site);
   }
+  proposal.target_flags.copy_(proposal.flags);
 }
 
 ScalerSnapshot ScaleSchedule::snapshot() const {

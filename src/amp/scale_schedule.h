@@ -70,10 +70,11 @@ class ScaleSchedule {
 
   // Whether max_scale or hysteresis change the update (NOTE: [Guards]).
   bool guarded() const;
-  // One update on the device tensors, in place, by the overflow flag `found_inf`
-  // (float32, 0-dim, on the scale's device). Reads nothing back. `record` (UpdateRecord,
-  // on the scale's device) receives what the update did: its counts and its log row.
-  void advance(const at::Tensor& found_inf, const UpdateRecord& record);
+  // One update on the device tensors, in place, by the iteration's overflow flags `flags`
+  // (float32, on the scale's device), which it sets back to 0 (NOTE: [Overflow flags] in
+  // scale_rule.h). Reads nothing back. `record` (UpdateRecord, on the scale's device)
+  // receives what the update did: its counts and its log row.
+  void advance(const at::Tensor& flags, const UpdateRecord& record);
 
   // The same update computed into copies, counts and log included, for the host to inspect
   // before commit() (one read of the counts, two of the scale).
@@ -85,11 +86,14 @@ class ScaleSchedule {
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
-    // Copies of `target`'s counts, log and overflow site, written by the update.
+    // Copies of `target`'s counts, log and overflow site, and of the flags, written by
+    // the update.
     UpdateRecord record;
-    UpdateRecord target;  // the record handed to propose()
+    at::Tensor flags;
+    UpdateRecord target;      // the record handed to propose()
+    at::Tensor target_flags;  // the flags handed to propose()
   };
-  Proposal propose(const at::Tensor& found_inf, const UpdateRecord& record);
+  Proposal propose(const at::Tensor& flags, const UpdateRecord& record);
   // Makes `proposal` hold the scale at `floor` instead (MinScalePolicy::kClamp).
   static void hold_at(Proposal& proposal, float floor);
   void commit(const Proposal& proposal);
@@ -102,7 +106,7 @@ class ScaleSchedule {
  private:
   void ensure_overflow_tracker();
   void run_update_kernel(at::Tensor& scale, at::Tensor& growth_tracker,
-                         at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                         at::Tensor& overflow_tracker, const at::Tensor& flags,
                          const UpdateRecord& record) const;
 
   GradScalerOptions options_;

@@ -95,8 +95,7 @@ CheckedGradients checked_gradients(const OptimizerView& view, int ordinal,
 }
 
 // A hook may leave any non-zero value for an overflow (a sum over ranks, say); the flag is
-// then made exactly 1, because PyTorch's fused optimizers skip only on a flag of 1, and the
-// step log reads the optimizers' flags as bits (OptimizerRecords::combined_found_inf).
+// then made exactly 1, because PyTorch's fused optimizers skip only on a flag of 1.
 void agree(FoundInfHook& hook, at::Tensor& found_inf) {
   hook.agree_(found_inf);
   found_inf.copy_(found_inf.ne(0));
@@ -131,6 +130,19 @@ PendingFlagRead read_later(const at::Tensor& value) {
   return read;
 }
 
+// Runs `check`, which raises the record's flag `found_inf` (its entry of the iteration's
+// flags, NOTE: [Overflow flags]); if it throws, the flag is set back to 0 first, so that a
+// check that failed records nothing, neither for a second attempt nor for update().
+template <typename Check>
+void raising_or_clean(at::Tensor& found_inf, Check&& check) {
+  try {
+    check();
+  } catch (...) {
+    found_inf.zero_();
+    throw;
+  }
+}
+
 GradScalerOptions validated(const GradScalerOptions& options) {
   validate_options(options);
   return options;
@@ -147,6 +159,7 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
   TORCH_CHECK(outputs.defined(), "GradScaler::scale got an undefined tensor.");
   schedule_.place(outputs.device());
   const at::Tensor& scale = schedule_.scale();
+  records_.place(scale.device());
   diagnostics_.tally().place(scale.device());
   diagnostics_.step_log().place(scale.device());
   const at::ScalarType dtype = at::promote_types(outputs.scalar_type(), at::kFloat);
@@ -162,17 +175,19 @@ void ScalerCore::record_overflow(const OptimizerView& view, OptimizerRecord& rec
   const CheckedGradients checked = checked_gradients(view, record.ordinal, diagnostics_);
   record.had_gradients = !checked.grads.empty();
   // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
-  // made, clean, so that a hook runs on every rank alike.
-  at::Tensor found_inf = at::zeros({}, schedule_.scale().options());
-  if (pass == GradientPass::kUnscale) {
-    unscale_grads_(checked.grads, schedule_.scale(), found_inf, checked.site);
-  } else {
-    // NOTE: [Scaler-aware optimizers] in src/optim: the optimizer unscales them itself.
-    check_grads_finite_(checked.grads, schedule_.scale(), found_inf, checked.site);
-  }
-  if (found_inf_hook_) {
-    agree(*found_inf_hook_, found_inf);
-  }
+  // recorded, clean, so that a hook runs on every rank alike.
+  at::Tensor found_inf = records_.flag_of(record);
+  raising_or_clean(found_inf, [&] {
+    if (pass == GradientPass::kUnscale) {
+      unscale_grads_(checked.grads, schedule_.scale(), found_inf, checked.site);
+    } else {
+      // NOTE: [Scaler-aware optimizers] in src/optim: the optimizer unscales them itself.
+      check_grads_finite_(checked.grads, schedule_.scale(), found_inf, checked.site);
+    }
+    if (found_inf_hook_) {
+      agree(*found_inf_hook_, found_inf);
+    }
+  });
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
 }
@@ -207,7 +222,7 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   const std::vector<at::Tensor>& grads = checked.grads;
   record.had_gradients = !grads.empty();
   const at::Tensor& scale = schedule_.scale();
-  at::Tensor found_inf = at::zeros({}, scale.options());
+  at::Tensor found_inf = records_.flag_of(record);
   // NOTE: [Clipping in the check pass] The one read pass checks the gradients and
   // accumulates their norm; the clip coefficient (PyTorch's: max_norm / (norm + 1e-6),
   // at most 1) then folds into the scale the gradients are divided by. A scaler-aware
@@ -217,16 +232,18 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   // in one all-reduce across the ranks of a sharded run) before the norm is taken.
   at::Tensor divisor;
   at::Tensor norm;
-  if (found_inf_hook_ && found_inf_hook_->combines_norm()) {
-    norm = combined_norm(*found_inf_hook_, checked, scale, found_inf, norm_type);
-    divisor = scale / clip_coefficient(norm, max_norm);
-  } else {
-    norm =
-        check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor, checked.site);
-    if (found_inf_hook_) {
-      agree(*found_inf_hook_, found_inf);
+  raising_or_clean(found_inf, [&] {
+    if (found_inf_hook_ && found_inf_hook_->combines_norm()) {
+      norm = combined_norm(*found_inf_hook_, checked, scale, found_inf, norm_type);
+      divisor = scale / clip_coefficient(norm, max_norm);
+    } else {
+      norm = check_grads_and_clip_(grads, scale, found_inf, norm_type, max_norm, &divisor,
+                                   checked.site);
+      if (found_inf_hook_) {
+        agree(*found_inf_hook_, found_inf);
+      }
     }
-  }
+  });
   record.found_inf = found_inf;
   record.checked = record.had_gradients || static_cast<bool>(found_inf_hook_);
   // The flag is final here: the write pass below raises it only where it is raised
@@ -421,7 +438,9 @@ void ScalerCore::update(std::optional<double> new_scale) {
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
     schedule_.set(value);
-    // No update kernel logs this iteration, so none sets its overflow site back.
+    // No update kernel takes this iteration's flags and logs it, so none sets its flags
+    // and its overflow site back.
+    records_.clear_flags();
     diagnostics_.step_log().forget_overflow_site();
     finish_iteration();
     return;
@@ -465,19 +484,17 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
     // inspected (the report counts it as uninspected); the flag is ours.
     records_.for_each([this](OptimizerKey, OptimizerRecord& r) { read_found_inf(nullptr, r); });
   }
-  // Overflow in any optimizer since the last update backs the scale off; nothing
-  // recorded counts as an overflow-free update.
-  bool known = true;
+  // Overflow in any optimizer since the last update backs the scale off; the update kernel
+  // takes every flag of the iteration (NOTE: [Overflow flags]).
+  bool all_read = true;
   bool found = false;
-  at::Tensor found_inf = records_.combined_found_inf(&known, &found);
-  if (!found_inf.defined()) {
-    found_inf = at::zeros({}, schedule_.scale().options());
-  }
+  records_.read_summary(&all_read, &found);
+  const at::Tensor& flags = records_.flags();
   DeviceTally& tally = diagnostics_.tally();
   const StepLog& log = diagnostics_.step_log();
   const UpdateRecord record{tally.update_counts(), log.rows(), clip_norm_, log.overflow_site()};
   if (decide_on_host && found) {
-    return update_deciding_on_host(found_inf, record);
+    return update_deciding_on_host(flags, record);
   }
   // Before the schedule moves: a flag read now is reported with the scale as it is; a
   // flag that lands later, with the copy of that scale queued here.
@@ -492,7 +509,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
     }
   }
   // The update's own kernel adds what it did to the device tally.
-  schedule_.advance(found_inf, record);
+  schedule_.advance(flags, record);
   tally.note_update();
   if (host_learns) {
     diagnostics_.note_schedule_update(read_found, std::move(late), std::move(scale_at_step), opts);
@@ -500,12 +517,12 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   return std::nullopt;
 }
 
-std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor& found_inf,
+std::optional<BackoffEvent> ScalerCore::update_deciding_on_host(const at::Tensor& flags,
                                                                 const UpdateRecord& record) {
   const GradScalerOptions& opts = options();
   DeviceTally& tally = diagnostics_.tally();
   // Computed into copies first: nothing is applied before the checks below pass.
-  ScaleSchedule::Proposal proposal = schedule_.propose(found_inf, record);
+  ScaleSchedule::Proposal proposal = schedule_.propose(flags, record);
   check_overflow_streak(proposal.overflow_streak);
   const bool below_min = proposal.backs_off && opts.min_scale() > 0.0 &&
                          static_cast<double>(proposal.new_scale) < opts.min_scale();

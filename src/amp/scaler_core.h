@@ -102,7 +102,7 @@ class ScalerCore {
   // An overflowing update with min_scale, max_overflow_streak or a backoff callback: the
   // update computed into copies, checked, then applied (NOTE: [Guards]). `record`: what
   // the update writes besides the schedule.
-  std::optional<BackoffEvent> update_deciding_on_host(const at::Tensor& found_inf,
+  std::optional<BackoffEvent> update_deciding_on_host(const at::Tensor& flags,
                                                       const UpdateRecord& record);
   // Throws when `streak` (this overflowing update's, itself included) reaches
   // max_overflow_streak.

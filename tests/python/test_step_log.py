@@ -76,26 +76,34 @@ def torch_found_inf(scaler, opt):
     return sum(v.item() for v in state["found_inf_per_device"].values()) > 0
 
 
+OPTIMIZERS = 6  # more than the scaler's first flags hold: the first iteration grows them
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     iterations=st.lists(
         st.tuples(
-            st.permutations(range(4)),
-            st.lists(st.booleans(), min_size=4, max_size=4),
-            st.lists(st.booleans(), min_size=4, max_size=4),
+            st.permutations(range(OPTIMIZERS)),
+            st.lists(st.booleans(), min_size=OPTIMIZERS, max_size=OPTIMIZERS),
+            st.lists(st.booleans(), min_size=OPTIMIZERS, max_size=OPTIMIZERS),
         ),
         min_size=1,
         max_size=8,
     )
 )
 def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iterations):
-    """Four optimizers used in a random order each iteration, some through unscale_ first:
-    a record names, by place in that order, exactly the optimizers for which PyTorch's
-    scaler found inf/NaN."""
+    """Six optimizers used in a random order each iteration, some through unscale_ first,
+    half of them lucid_amp.optim's (which skip on the flag itself): each steps or skips
+    as with PyTorch's scaler, and a record names, by place in that order, exactly the
+    optimizers for which PyTorch's scaler found inf/NaN."""
     worlds = []
     for cls in (lucid_amp.GradScaler, torch.amp.GradScaler):
-        params = [torch.zeros(3, requires_grad=True) for _ in range(4)]
-        opts = [torch.optim.SGD([q], lr=0.1) for q in params]
+        params = [torch.zeros(3, requires_grad=True) for _ in range(OPTIMIZERS)]
+        fused = cls is lucid_amp.GradScaler
+        opts = [
+            (lucid_amp.optim.FusedSGD if fused and i % 2 else torch.optim.SGD)([q], lr=0.1)
+            for i, q in enumerate(params)
+        ]
         worlds.append((cls("cpu", init_scale=2.0**8), params, opts))
     expected = []
     for order, overflows, unscale_first in iterations:
@@ -103,7 +111,7 @@ def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iteration
         for scaler, params, opts in worlds:
             scaler.scale(torch.ones(()))
             for i, q in enumerate(params):
-                q.grad = torch.full_like(q, 2.0)
+                q.grad = torch.full_like(q, 2.0 * scaler.get_scale())
                 if overflows[i]:
                     q.grad[1] = float("nan")
             for i in order:
@@ -116,6 +124,10 @@ def test_each_record_names_the_optimizers_pytorchs_scaler_found_inf_in(iteration
                 )
             scaler.update()
         expected.append(named)
+        (ours, ours_params, _), (ref, ref_params, _) = worlds
+        assert ours.get_scale() == ref.get_scale()
+        for q, r in zip(ours_params, ref_params):
+            torch.testing.assert_close(q, r)
     log = worlds[0][0].history(wait=True)
     assert [r.overflowed_optimizers for r in log] == expected
     assert [r.found_inf for r in log] == [bool(e) for e in expected]

@@ -153,8 +153,9 @@ class GradScaler {
   /// The overflow flag of `optimizer` in this iteration (float32, 0-dim, on the scale's
   /// device; non-zero: its step is or was skipped), not read back: for device-side logic
   /// that must follow skipped steps, such as a schedule inside a captured CUDA graph.
-  /// Valid after unscale_, clip_grad_norm_ or step of `optimizer` and until update();
-  /// throws c10::Error otherwise.
+  /// Valid after unscale_, clip_grad_norm_ or step of `optimizer` and until update(),
+  /// which sets it back to 0 for the next iteration (read it before update(); PyTorch's
+  /// scaler leaves an old iteration's flag as it was); throws c10::Error otherwise.
   torch::Tensor found_inf(const torch::optim::Optimizer& optimizer) const;
   /// Whether `optimizer`'s gradients held inf/NaN in this iteration (false before
   /// unscale_/step). Reads its flag once (4 bytes) if step() has not.

@@ -53,7 +53,7 @@ float check_and_norm(const std::vector<at::Tensor>& grads, double inv_scale, boo
 // The CPU table's scale update: detail::next_scale_state on the host. Args:
 // AmpBackend::update_scale_ (amp/backend.h), every tensor on the CPU.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                   const at::Tensor& flags, const detail::ScaleRule& rule,
                    const UpdateRecord& record);
 
 }  // namespace cpu

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // CPU twin of the device-side scale update (src/amp/cuda/update_scale_kernel.cu): both
-// read the tensors, apply detail::next_scale_state (the rule, in amp/scale_rule.h) and
-// write the result back, so a schedule is identical on any device; both count what the
-// update did (detail::count_update) and log it (detail::log_update) where asked to.
+// take the iteration's flags (detail::take_found_inf), apply detail::next_scale_state (the
+// rule, in amp/scale_rule.h) and write the result back, so a schedule is identical on any
+// device; both count what the update did (detail::count_update) and log it
+// (detail::log_update) where asked to.
 
 #include "amp/cpu/amp_kernels.h"
 
@@ -11,13 +12,13 @@ namespace amp {
 namespace cpu {
 
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                   const at::Tensor& flags, const detail::ScaleRule& rule,
                    const UpdateRecord& record) {
   float* scale_ptr = scale.data_ptr<float>();
   int32_t* tracker_ptr = growth_tracker.data_ptr<int32_t>();
   int32_t* overflow_ptr =
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr;
-  const float flag = *found_inf.data_ptr<float>();
+  const float flag = detail::take_found_inf(flags.data_ptr<float>(), flags.numel());
   const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;
   const detail::ScaleState state{*scale_ptr, *tracker_ptr,

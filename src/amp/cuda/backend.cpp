@@ -159,13 +159,13 @@ void table_clip_factors_(const at::Tensor& partial, NormKind kind, double max_no
 
 // The scale update (update_scale_kernel.h): every tensor on the scale's device.
 void table_update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
-                         at::Tensor& overflow_tracker, const at::Tensor& found_inf,
+                         at::Tensor& overflow_tracker, const at::Tensor& flags,
                          const detail::ScaleRule& rule, const UpdateRecord& record) {
   c10::cuda::CUDAGuard guard(scale.device());
   C10_CUDA_CHECK(launch_update_scale(
       scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr,
-      found_inf.data_ptr<float>(), rule,
+      flags.data_ptr<float>(), flags.numel(), rule,
       record.counts.defined() ? record.counts.data_ptr<int64_t>() : nullptr,
       record.log.defined() ? record.log.data_ptr<double>() : nullptr,
       record.grad_norm.defined() ? record.grad_norm.data_ptr<float>() : nullptr,

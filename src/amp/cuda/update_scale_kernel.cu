@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The scale update on a CUDA device: detail::next_scale_state in one thread, so that the
-// schedule (its floor and guards included) is the CPU's, bit for bit, with no host
-// synchronisation.
+// The scale update on a CUDA device: detail::take_found_inf and next_scale_state in one
+// thread, so that the schedule (its floor and guards included) is the CPU's, bit for bit,
+// with no host synchronisation.
 
 #include "amp/cuda/update_scale_kernel.h"
 
@@ -11,12 +11,12 @@ namespace cuda {
 namespace {
 
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
-                                    int32_t* overflow_tracker, const float* found_inf,
+                                    int32_t* overflow_tracker, float* flags, int64_t flag_count,
                                     detail::ScaleRule rule, int64_t* counts, double* log,
                                     const float* grad_norm, int64_t* site) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
-  const float flag = *found_inf;
+  const float flag = detail::take_found_inf(flags, flag_count);
   const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;
   const detail::ScaleState next = detail::next_scale_state(state, found, rule, &event);
@@ -36,11 +36,11 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
 }  // namespace
 
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
-                                const float* found_inf, const detail::ScaleRule& rule,
+                                float* flags, int64_t flag_count, const detail::ScaleRule& rule,
                                 int64_t* counts, double* log, const float* grad_norm, int64_t* site,
                                 cudaStream_t stream) {
-  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, found_inf, rule,
-                                           counts, log, grad_norm, site);
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, flags,
+                                           flag_count, rule, counts, log, grad_norm, site);
   return cudaGetLastError();
 }
 

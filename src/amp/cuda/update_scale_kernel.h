@@ -21,7 +21,9 @@ namespace cuda {
 //   growth_tracker:   device pointer to the int32 growth tracker.
 //   overflow_tracker: device pointer to the int32 hysteresis tracker, or null when the
 //                     rule's guards are off (it is then taken as 0 and not written).
-//   found_inf:        device pointer to the float32 overflow flag (non-zero: overflow).
+//   flags:            device pointer to the iteration's `flag_count` float32 overflow
+//                     flags (non-zero: overflow), taken and set back to 0
+//                     (detail::take_found_inf).
 //   rule:             the update's parameters, passed to the kernel by value.
 //   counts:           device pointer to detail::kUpdateCountFields int64 counters that the
 //                     update advances (detail::count_update), or null.
@@ -31,7 +33,7 @@ namespace cuda {
 //                     records and sets back (detail::log_update), or null.
 // All on one device. Returns cudaGetLastError() after the launch.
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
-                                const float* found_inf, const detail::ScaleRule& rule,
+                                float* flags, int64_t flag_count, const detail::ScaleRule& rule,
                                 int64_t* counts, double* log, const float* grad_norm, int64_t* site,
                                 cudaStream_t stream);
 

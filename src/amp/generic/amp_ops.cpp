@@ -9,6 +9,7 @@
 #include "amp/backend.h"
 #include "amp/scale_rule.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace lucid {
@@ -100,13 +101,29 @@ at::Tensor backed_off(const at::Tensor& scale, double backoff_factor) {
   return at::maximum(scale * backoff_factor, floor);
 }
 
+// detail::take_found_inf, as tensor ops.
+at::Tensor take_found_inf(const at::Tensor& flags) {
+  constexpr int64_t kLastBit = detail::kOverflowOptimizerBits - 1;
+  const at::Tensor raised = flags.reshape({-1}).ne(0).to(at::kLong);
+  const int64_t n = raised.numel();
+  const int64_t low = std::min(n, kLastBit);
+  at::Tensor bits =
+      raised.narrow(0, 0, low).mul(at::pow(2, at::arange(low, raised.options()))).sum();
+  if (n > kLastBit) {
+    bits.add_(raised.narrow(0, kLastBit, n - kLastBit).amax(), int64_t{1} << kLastBit);
+  }
+  flags.zero_();
+  return bits.to(at::kFloat);
+}
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
-                   const at::Tensor& found_inf, const detail::ScaleRule& rule,
+                   const at::Tensor& flags, const detail::ScaleRule& rule,
                    const UpdateRecord& record) {
   // Same decisions as detail::next_scale_state, written as selects on the device (no host
   // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
   // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
   // differ in the last bit.
+  const at::Tensor found_inf = take_found_inf(flags);
   const at::Tensor found = found_inf.ne(0);
   const at::Tensor successful = growth_tracker + 1;
   const at::Tensor grow = found.logical_not().logical_and(successful.eq(rule.growth_interval));
