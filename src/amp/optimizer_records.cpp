@@ -45,18 +45,13 @@ bool OptimizerRecords::any_checked() const {
   return false;
 }
 
-void OptimizerRecords::read_summary(bool* all_read, bool* any_found) const {
-  bool read = true;
-  bool found = false;
+bool OptimizerRecords::any_read_found() const {
   for (const auto& entry : records_) {
-    const OptimizerRecord& r = entry.second;
-    if (r.found_inf.defined()) {
-      read = read && r.found_inf_read;
-      found = found || r.found_inf_value;
+    if (entry.second.found_inf_read && entry.second.found_inf_value) {
+      return true;
     }
   }
-  *all_read = read;
-  *any_found = found;
+  return false;
 }
 
 void OptimizerRecords::place(const at::Device& device) {

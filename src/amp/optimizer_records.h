@@ -84,8 +84,8 @@ class OptimizerRecords {
   // Whether any optimizer's overflow was checked in this iteration.
   bool any_checked() const;
 
-  // Whether the host read every flag of this iteration, and whether one it read was set.
-  void read_summary(bool* all_read, bool* any_found) const;
+  // Whether a flag of this iteration that the host has read was set.
+  bool any_read_found() const;
 
   // Every record with its key, for reading the flags nobody has read yet.
   template <typename F>

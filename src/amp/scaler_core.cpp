@@ -486,9 +486,7 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   }
   // Overflow in any optimizer since the last update backs the scale off; the update kernel
   // takes every flag of the iteration (NOTE: [Overflow flags]).
-  bool all_read = true;
-  bool found = false;
-  records_.read_summary(&all_read, &found);
+  const bool found = records_.any_read_found();
   const at::Tensor& flags = records_.flags();
   DeviceTally& tally = diagnostics_.tally();
   const StepLog& log = diagnostics_.step_log();
