@@ -14,6 +14,8 @@
 # Objects and headers go to $LUCID_AMP_BUILD_DIR/cuda-compile (default build/cuda-compile).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=lib/venv.sh
+source "$root/scripts/lib/venv.sh"
 out=${LUCID_AMP_BUILD_DIR:-$root/build}/cuda-compile
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ -x "$nvcc" ] || { echo "compile_cuda.sh: no nvcc (set NVCC or put it on PATH)" >&2; exit 1; }
@@ -31,16 +33,15 @@ printf '%s\n' "${sources[@]}" | xargs -P "$(nproc)" -I{} bash -c 'compile {} && 
 
 # The host-side C++ of the CUDA backends.
 cuda_library_wheels=(nvidia-cublas==13.1.1.3 nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66)
-py=${LUCID_AMP_PY:-${LUCID_AMP_VENV:-$root/.venv}/bin/python}
+py=${LUCID_AMP_PY:-$(venv_dir)/bin/python}
 [ -x "$py" ] || { echo "compile_cuda.sh: no $py (run scripts/run.sh first, or set LUCID_AMP_PY)" >&2; exit 1; }
 torch_include=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
 headers=$out/library-headers
 if [ ! -f "$headers/.wheels" ] || [ "$(cat "$headers/.wheels")" != "${cuda_library_wheels[*]}" ]; then
   rm -rf "$headers" "$out/wheels"
   mkdir -p "$headers/include/c10/cuda/impl"
-  "$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    -d "$out/wheels" "${cuda_library_wheels[@]}" \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  pip_quietly "$py" download --no-deps --only-binary=:all: -d "$out/wheels" \
+    "${cuda_library_wheels[@]}"
   "$py" - "$headers/include" "$out"/wheels/*.whl <<'PY'
 import pathlib, sys, zipfile
 # Each wheel's nvidia/<package>/include/ tree, merged into one folder.
