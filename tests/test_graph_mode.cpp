@@ -6,6 +6,8 @@
 
 #include "support/scaler_fixtures.h"
 
+#include "amp/scale_rule.h"
+
 #ifdef LUCID_AMP_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -15,9 +17,11 @@
 #include "support/syncs_are_errors.h"
 #endif
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -201,6 +205,112 @@ TEST(GraphSafeCpu, RandomOverflowsAndCallbackSwitchesCountLikeEager) {
       return;
     }
   }
+}
+
+// Several optimizers, a random subset stepping in a random order each iteration, so that
+// an optimizer's place in its iteration (the entry whose outcome the update keeps) is taken
+// over by another while the first one is idle; some iterations end with update(new_scale).
+// graph_safe mode counts on the device what the default mode reads on the host: every
+// optimizer's step_skipped (asked between step and update, and after, stepped in this
+// iteration or not) and the counters, also in the middle of an iteration.
+TEST(GraphSafeCpu, StepSkippedOfEveryOptimizerSurvivesItsPlaceBeingTakenOver) {
+  constexpr int kOptimizers = 5;
+  struct Run {
+    std::vector<torch::nn::Linear> models;
+    std::vector<std::unique_ptr<FusedSGD>> optimizers;
+    std::unique_ptr<GradScaler> scaler;
+  };
+  const auto make = [](bool graph_safe) {
+    torch::manual_seed(3);
+    Run run;
+    for (int k = 0; k < kOptimizers; ++k) {
+      run.models.emplace_back(4, 2);
+      run.optimizers.push_back(
+          std::make_unique<FusedSGD>(run.models.back()->parameters(), FusedSGDOptions(0.1)));
+    }
+    run.scaler = std::make_unique<GradScaler>(
+        GradScalerOptions().graph_safe(graph_safe).init_scale(256.0).growth_interval(3));
+    return run;
+  };
+  Run eager = make(false);
+  Run graph = make(true);
+  std::mt19937 rng(5);
+  std::bernoulli_distribution overflow(0.35), steps(0.6), set_scale(0.1);
+  const torch::Tensor x = torch::randn({3, 4});
+  const torch::Tensor bad_x = x.clone().index_put_({0, 0}, kInf);
+  int counted_mid_iteration = 0;
+  for (int i = 0; i < 80; ++i) {
+    SCOPED_TRACE("iteration " + std::to_string(i));
+    std::vector<int> order(kOptimizers);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int> stepping;
+    std::vector<bool> bad;
+    for (const int k : order) {
+      if (steps(rng)) {
+        stepping.push_back(k);
+        bad.push_back(overflow(rng));
+      }
+    }
+    const bool new_scale = set_scale(rng);
+    for (Run* run : {&eager, &graph}) {
+      for (size_t n = 0; n < stepping.size(); ++n) {
+        const int k = stepping[n];
+        run->optimizers[k]->zero_grad();
+        run->scaler->scale(run->models[k]->forward(bad[n] ? bad_x : x).sum()).backward();
+        run->scaler->step(*run->optimizers[k]);
+      }
+    }
+    if (!stepping.empty()) {
+      const int k = stepping.back();
+      ASSERT_EQ(graph.scaler->step_skipped(*graph.optimizers[k]), static_cast<bool>(bad.back()));
+      ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters()));
+      ++counted_mid_iteration;
+    }
+    for (Run* run : {&eager, &graph}) {
+      if (new_scale) {
+        run->scaler->update(64.0);
+      } else if (!stepping.empty()) {
+        run->scaler->update();
+      }
+    }
+    for (int k = 0; k < kOptimizers; ++k) {
+      ASSERT_EQ(graph.scaler->step_skipped(*graph.optimizers[k]),
+                eager.scaler->step_skipped(*eager.optimizers[k]))
+          << "optimizer " << k;
+    }
+    ASSERT_TRUE(CountersAre(graph.scaler->counters(), eager.scaler->counters()));
+    ASSERT_EQ(graph.scaler->get_scale(), eager.scaler->get_scale());
+  }
+  EXPECT_GT(counted_mid_iteration, 40);
+  EXPECT_GT(eager.scaler->counters().steps_skipped, 20);
+  for (int k = 0; k < kOptimizers; ++k) {
+    EXPECT_TRUE(torch::equal(graph.models[k]->weight, eager.models[k]->weight)) << k;
+  }
+}
+
+// The update counts the steps of at most kMaxSteppedOrdinals optimizers per iteration on
+// the device; the next one is refused before it changes anything.
+TEST(GraphSafeCpu, MoreOptimizersPerIterationThanTheUpdateCountsAreRefused) {
+  GradScaler scaler(GradScalerOptions().graph_safe(true));
+  std::vector<torch::Tensor> params;
+  std::vector<std::unique_ptr<FusedSGD>> optimizers;
+  for (int k = 0; k <= lucid::amp::detail::kMaxSteppedOrdinals; ++k) {
+    params.push_back(torch::ones({1}, torch::requires_grad()));
+    optimizers.push_back(std::make_unique<FusedSGD>(std::vector<torch::Tensor>{params.back()},
+                                                    FusedSGDOptions(0.1)));
+  }
+  scaler.scale(torch::stack(params).sum()).backward();
+  for (int k = 0; k < lucid::amp::detail::kMaxSteppedOrdinals; ++k) {
+    scaler.step(*optimizers[k]);
+  }
+  const torch::Tensor last_before = params.back().detach().clone();
+  EXPECT_TRUE(ThrowsExactly<c10::Error>("at most 256 optimizers per iteration",
+                                        [&] { scaler.step(*optimizers.back()); }));
+  EXPECT_TRUE(torch::equal(params.back(), last_before));
+  EXPECT_EQ(scaler.stage(*optimizers.back()), lucid::amp::OptimizerStage::kReady);
+  scaler.update();
+  EXPECT_EQ(scaler.counters().steps_taken, lucid::amp::detail::kMaxSteppedOrdinals);
 }
 
 TEST(FoundInf, IsTheOptimizersDeviceFlagBetweenItsCheckAndUpdate) {

@@ -33,6 +33,11 @@ struct UpdateRecord {
   // [Overflow site] in scale_rule.h), logged with the row and set back; undefined: not
   // logged.
   at::Tensor overflow_site;
+  // float32, one entry per flag: each stepped ordinal's outcome (detail::count_steps, NOTE:
+  // [Steps counted by the update] in scale_rule.h), counted into `counts`; undefined: no
+  // step is counted.
+  at::Tensor step_outcomes;
+  detail::SteppedOrdinals stepped;
 };
 
 // Where a check records the gradients it finds non-finite (NOTE: [Overflow site] in
@@ -129,6 +134,9 @@ namespace cuda {
 const AmpBackend& amp_backend();
 }  // namespace cuda
 namespace generic {
+// detail::count_steps as tensor ops, one launch or so per stepped ordinal: `flags` and
+// record.counts and record.step_outcomes as update_scale_ takes them.
+void count_steps_(const at::Tensor& flags, const UpdateRecord& record);
 const AmpBackend& amp_backend();
 }  // namespace generic
 

@@ -8,32 +8,37 @@ namespace amp {
 namespace detail {
 
 void DeviceTally::place(const at::Device& device) {
-  if (!tally_.defined()) {
-    tally_ = at::zeros({kFieldCount}, at::TensorOptions().dtype(at::kLong).device(device));
-    update_counts_ = tally_.narrow(0, kUpdateCounts, detail::kUpdateCountFields);
+  if (!counts_.defined()) {
+    counts_ = at::zeros({kUpdateCountFields}, at::TensorOptions().dtype(at::kLong).device(device));
     if (streak_at_reset_ != 0) {
-      tally_.select(0, kOverflowStreak).fill_(streak_at_reset_);
+      counts_.select(0, kCountOverflowStreak).fill_(streak_at_reset_);
     }
   }
 }
 
-void DeviceTally::note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration) {
-  TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
+void DeviceTally::note_step(OptimizerKey key, int ordinal, int64_t iteration,
+                            const at::Tensor& outcomes) {
+  TORCH_INTERNAL_ASSERT(counts_.defined(), "the tally is made with the scale");
   counted_ = true;
-  const at::Tensor skipped =
-      found_inf.defined() ? found_inf.ne(0) : at::zeros({}, tally_.options().dtype(at::kBool));
-  tally_.narrow(0, kStepsTaken, 2).add_(at::stack({skipped.logical_not(), skipped}));
-  Step& last = last_step_[key];
-  if (!last.skipped.defined()) {
-    last.skipped = at::zeros({}, tally_.options().dtype(at::kBool));
+  if (static_cast<size_t>(ordinal) >= ordinal_owner_.size()) {
+    ordinal_owner_.resize(ordinal + 1);
   }
-  last.skipped.copy_(skipped);
-  last.iteration = iteration;
+  OptimizerKey& owner = ordinal_owner_[ordinal];
+  if (owner && owner != key) {
+    Step& previous = last_step_.at(owner);
+    previous.outcome = outcomes.select(0, ordinal).clone();
+  }
+  Step& last = last_step_[key];
+  if (!last.outcome.defined() && ordinal_owner_[last.ordinal] == key) {
+    ordinal_owner_[last.ordinal] = OptimizerKey();
+  }
+  last = {ordinal, iteration, at::Tensor()};
+  owner = key;
 }
 
 const at::Tensor& DeviceTally::update_counts() const {
-  TORCH_INTERNAL_ASSERT(tally_.defined(), "the tally is made with the scale");
-  return update_counts_;
+  TORCH_INTERNAL_ASSERT(counts_.defined(), "the tally is made with the scale");
+  return counts_;
 }
 
 void DeviceTally::note_update() {
@@ -45,17 +50,16 @@ void DeviceTally::add_to(ScalerCounters& counters) const {
   if (!counted_) {
     return;
   }
-  const at::Tensor host = tally_.to(at::kCPU);
-  const int64_t* t = host.data_ptr<int64_t>();
-  const int64_t* u = t + kUpdateCounts;
-  counters.steps_taken += t[kStepsTaken];
-  counters.steps_skipped += t[kStepsSkipped];
+  const at::Tensor host = counts_.to(at::kCPU);
+  const int64_t* u = host.data_ptr<int64_t>();
+  counters.steps_taken += u[kCountStepsTaken];
+  counters.steps_skipped += u[kCountStepsSkipped];
   // The host counted each update() call it ran; the device also counts the replays.
-  counters.updates += u[detail::kCountUpdates] - updates_;
-  counters.overflow_updates += u[detail::kCountOverflowUpdates];
-  counters.backoffs += u[detail::kCountBackoffs];
-  counters.growths += u[detail::kCountGrowths];
-  counters.overflow_streak = t[kOverflowStreak];
+  counters.updates += u[kCountUpdates] - updates_;
+  counters.overflow_updates += u[kCountOverflowUpdates];
+  counters.backoffs += u[kCountBackoffs];
+  counters.growths += u[kCountGrowths];
+  counters.overflow_streak = u[kCountOverflowStreak];
 }
 
 const DeviceTally::Step* DeviceTally::last_step(OptimizerKey key) const {
@@ -65,13 +69,14 @@ const DeviceTally::Step* DeviceTally::last_step(OptimizerKey key) const {
 
 void DeviceTally::reset(int64_t streak) {
   streak_at_reset_ = streak;
-  if (tally_.defined()) {
-    tally_.zero_();
-    tally_.select(0, kOverflowStreak).fill_(streak);
+  if (counts_.defined()) {
+    counts_.zero_();
+    counts_.select(0, kCountOverflowStreak).fill_(streak);
   }
   updates_ = 0;
   counted_ = false;
   last_step_.clear();
+  ordinal_owner_.clear();
 }
 
 }  // namespace detail

@@ -11,9 +11,12 @@
 // backoffs, growths, the overflow streak) have one source and the host keeps no copy of
 // the trackers. Steps are counted here where the host cannot count them: a step() or
 // update() that runs from a CUDA graph runs no host code at all, so graph_safe mode and
-// any step() being captured never read a flag; such a step() queues a few tensor ops that
-// count its outcome and copy its optimizer's flag into a tensor kept for that optimizer.
-// The tally and those flags are read when asked for (counters(), step_skipped(), an
+// any step() being captured never read a flag; the update that ends such a step's
+// iteration counts it from its flag (NOTE: [Steps counted by the update] in
+// scale_rule.h) and keeps its outcome in its ordinal's entry of the step outcomes. The
+// host remembers which ordinal each optimizer's last such step had; before another
+// optimizer's step takes that ordinal over, the entry is copied aside for the first.
+// The tally and the outcomes are read when asked for (counters(), step_skipped(), an
 // update() that must decide on the host), never otherwise inside step() or update(). The
 // tally is made with the scale, by the first scale(), which a capture follows (CUDA
 // graphs need warm-up iterations): made inside a capture, its zero fill would become part
@@ -31,6 +34,7 @@
 #include <ATen/ATen.h>
 
 #include <unordered_map>
+#include <vector>
 
 namespace lucid {
 namespace amp {
@@ -40,13 +44,13 @@ class DeviceTally {
  public:
   // Makes the tally on `device` (the scale's), eagerly, before anything is counted on it.
   void place(const at::Device& device);
-  // A step of the optimizer with key `key`, counted here in iteration `iteration`, ran (or
-  // was skipped on the device) with the overflow flag `found_inf` (float32, 0-dim, on the
-  // scale's device; undefined: clean).
-  void note_step(OptimizerKey key, const at::Tensor& found_inf, int64_t iteration);
+  // A step of the optimizer with key `key` that the update of iteration `iteration`
+  // counts, its place in that iteration `ordinal`; `outcomes` is the iteration's step
+  // outcomes (OptimizerRecords::step_outcomes), whose entry `ordinal` another
+  // optimizer's last step may still need.
+  void note_step(OptimizerKey key, int ordinal, int64_t iteration, const at::Tensor& outcomes);
   // The counters (detail::UpdateCount order) that every scale update advances
-  // (ScaleSchedule::advance, ScaleSchedule::propose); no read. A view of the tally, made
-  // with it once rather than by a narrow() (three ATen calls) per update.
+  // (ScaleSchedule::advance, ScaleSchedule::propose); no read.
   const at::Tensor& update_counts() const;
   // An update advanced update_counts() (or is committed into them).
   void note_update();
@@ -57,8 +61,9 @@ class DeviceTally {
   void add_to(ScalerCounters& counters) const;
   // The last step of an optimizer counted here.
   struct Step {
-    at::Tensor skipped;  // bool, 0-dim
+    int ordinal = 0;
     int64_t iteration = 0;
+    at::Tensor outcome;  // float32, 0-dim: its copy aside; undefined: the ordinal's entry
   };
   // The last step of `key` counted here, or null (no read).
   const Step* last_step(OptimizerKey key) const;
@@ -67,21 +72,12 @@ class DeviceTally {
   void reset(int64_t streak);
 
  private:
-  // Steps taken and skipped, then the update counts (detail::UpdateCount).
-  enum Field : int64_t {
-    kStepsTaken,
-    kStepsSkipped,
-    kUpdateCounts,
-    kFieldCount = kUpdateCounts + detail::kUpdateCountFields,
-  };
-  static constexpr int64_t kOverflowStreak =
-      static_cast<int64_t>(kUpdateCounts) + detail::kCountOverflowStreak;
-  at::Tensor tally_;          // int64, kFieldCount entries, on the scale's device
-  at::Tensor update_counts_;  // tally_'s detail::UpdateCount entries
+  at::Tensor counts_;  // int64, detail::kUpdateCountFields entries, on the scale's device
   int64_t streak_at_reset_ = 0;
   int64_t updates_ = 0;   // note_update calls since the last reset (host count)
   bool counted_ = false;  // whether anything was queued on the tally since the last reset
   std::unordered_map<OptimizerKey, Step> last_step_;
+  std::vector<OptimizerKey> ordinal_owner_;  // whose last step each ordinal's entry holds
 };
 
 }  // namespace detail

@@ -275,6 +275,26 @@ at::Tensor check_grads_and_clip_(const std::vector<at::Tensor>& grads, const at:
   return norm;
 }
 
+namespace {
+
+// The steps an update counts: an outcome per flag, with the counts they go to.
+void check_step_outcomes(const at::Tensor& flags, const UpdateRecord& record) {
+  const at::Tensor& outcomes = record.step_outcomes;
+  TORCH_INTERNAL_ASSERT(!outcomes.defined() ||
+                        (record.counts.defined() && outcomes.scalar_type() == at::kFloat &&
+                         outcomes.is_contiguous() && outcomes.numel() == flags.numel() &&
+                         outcomes.device() == flags.device()));
+}
+
+}  // namespace
+
+void count_steps_(const at::Tensor& flags, const UpdateRecord& record) {
+  check_step_outcomes(flags, record);
+  if (record.step_outcomes.defined() && record.stepped.any()) {
+    generic::count_steps_(flags, record);
+  }
+}
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& flags, const ScaleRule& rule, const UpdateRecord& record) {
   TORCH_INTERNAL_ASSERT(overflow_tracker.defined() || rule.hysteresis == 1,
@@ -294,6 +314,7 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
                          log.device() == scale.device()));
   TORCH_INTERNAL_ASSERT(!norm.defined() || (norm.scalar_type() == at::kFloat && norm.dim() == 0 &&
                                             norm.device() == scale.device()));
+  check_step_outcomes(flags, record);
   const at::Tensor& site = record.overflow_site;
   TORCH_INTERNAL_ASSERT(!site.defined() ||
                         (site.scalar_type() == at::kLong && site.is_contiguous() &&

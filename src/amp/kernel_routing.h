@@ -98,11 +98,17 @@ at::Tensor norm_of_partial(const at::Tensor& partial, double norm_type);
 //                     to 0 (detail::take_found_inf, NOTE: [Overflow flags]).
 //   rule:             its parameters (rule_of); with the guards off, PyTorch's rule.
 //   record:           what the update also writes (UpdateRecord in backend.h), same
-//                     device: its counts (count_update) and its row of the step log
-//                     (log_update); a part left undefined is not written.
+//                     device: the steps it ends (count_steps), its counts (count_update)
+//                     and its row of the step log (log_update); a part left undefined is
+//                     not written.
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& flags, const ScaleRule& rule,
                    const UpdateRecord& record = UpdateRecord());
+
+// Counts the steps of an iteration that ends without update_scale_ (update(new_scale),
+// or an update with nothing checked), as update_scale_ would (detail::count_steps), with
+// tensor ops on the flags' device; leaves the flags as they are.
+void count_steps_(const at::Tensor& flags, const UpdateRecord& record);
 
 // Starts reading `found_inf` (float32, 0-dim; or the step log) back to the host behind
 // the work queued on its device so far: PendingFlagRead::wait then waits for that work

@@ -58,12 +58,24 @@ void OptimizerRecords::place(const at::Device& device) {
   if (!flags_.defined()) {
     // One or two optimizers are the common case; more grow them once.
     constexpr int64_t kFirstFlags = 4;
-    make_flags(at::zeros({kFirstFlags}, at::TensorOptions().dtype(at::kFloat).device(device)));
+    make_flags(at::zeros({2, kFirstFlags}, at::TensorOptions().dtype(at::kFloat).device(device)));
   }
 }
 
-void OptimizerRecords::make_flags(at::Tensor flags) {
-  flags_ = std::move(flags);
+SteppedOrdinals OptimizerRecords::counted_by_update() const {
+  SteppedOrdinals stepped;
+  for (const auto& entry : records_) {
+    if (entry.second.counted_by_update) {
+      stepped.add(entry.second.ordinal);
+    }
+  }
+  return stepped;
+}
+
+void OptimizerRecords::make_flags(at::Tensor store) {
+  store_ = std::move(store);
+  flags_ = store_.select(0, 0);
+  outcomes_ = store_.select(0, 1);
   flag_entries_.clear();
   for (int64_t j = 0; j < flags_.numel(); ++j) {
     flag_entries_.push_back(flags_.select(0, j));
@@ -75,8 +87,8 @@ const at::Tensor& OptimizerRecords::flag_of(const OptimizerRecord& record) {
   const auto held = static_cast<int64_t>(flag_entries_.size());
   if (record.ordinal >= held) {
     at::Tensor grown =
-        at::zeros({std::max<int64_t>(2 * held, record.ordinal + 1)}, flags_.options());
-    grown.narrow(0, 0, held).copy_(flags_);
+        at::zeros({2, std::max<int64_t>(2 * held, record.ordinal + 1)}, store_.options());
+    grown.narrow(1, 0, held).copy_(store_);
     make_flags(std::move(grown));
     for (auto& entry : records_) {
       OptimizerRecord& r = entry.second;

@@ -9,6 +9,7 @@
 #include <lucid/amp/optimizer_view.h>
 
 #include "amp/flag_read.h"
+#include "amp/scale_rule.h"
 
 #include <ATen/ATen.h>
 
@@ -41,6 +42,9 @@ struct OptimizerRecord {
   // left scaled in memory (clip_grad_norm_): the scale over the clip coefficient, on the
   // scale's device. Undefined when the gradients hold their true values.
   at::Tensor grad_scale;
+  // A scaler-aware step that the update counts on the device (NOTE: [Steps counted by the
+  // update] in scale_rule.h).
+  bool counted_by_update = false;
   // A scaler-aware step whose outcome the host has not read yet, and its parameters, for
   // the overflow report.
   bool outcome_deferred = false;
@@ -80,6 +84,12 @@ class OptimizerRecords {
   const at::Tensor& flag_of(const OptimizerRecord& record);
   // Sets every flag back to 0, where an iteration ends without the update kernel.
   void clear_flags() { flags_.zero_(); }
+  // The last outcome of each ordinal's step counted by the update (1: skipped; NOTE:
+  // [Steps counted by the update] in scale_rule.h): float32, as many entries as flags(),
+  // beside them.
+  const at::Tensor& step_outcomes() const { return outcomes_; }
+  // The ordinals of this iteration whose steps the update counts.
+  SteppedOrdinals counted_by_update() const;
 
   // Whether any optimizer's overflow was checked in this iteration.
   bool any_checked() const;
@@ -99,10 +109,13 @@ class OptimizerRecords {
   void clear() { records_.clear(); }
 
  private:
-  void make_flags(at::Tensor flags);
+  // `store`: float32, 2 rows, the flags then the step outcomes.
+  void make_flags(at::Tensor store);
 
   std::unordered_map<OptimizerKey, OptimizerRecord> records_;
-  at::Tensor flags_;
+  at::Tensor store_;     // flags_ and outcomes_ in one allocation, grown together
+  at::Tensor flags_;     // store_'s row 0
+  at::Tensor outcomes_;  // store_'s row 1
   // flags_'s entries, made once with it rather than by a select() per check.
   std::vector<at::Tensor> flag_entries_;
 };

@@ -133,6 +133,8 @@ enum UpdateCount : int {
   kCountBackoffs,
   kCountGrowths,
   kCountOverflowStreak,  // overflowing updates in a row
+  kCountStepsTaken,      // steps counted by count_steps
+  kCountStepsSkipped,
   kUpdateCountFields,
 };
 
@@ -143,6 +145,48 @@ LUCID_HOST_DEVICE inline void count_update(int64_t* counts, bool found_inf, Scal
   counts[kCountBackoffs] += event == ScaleEvent::kBackoff ? 1 : 0;
   counts[kCountGrowths] += event == ScaleEvent::kGrowth ? 1 : 0;
   counts[kCountOverflowStreak] = found_inf ? counts[kCountOverflowStreak] + 1 : 0;
+}
+
+// NOTE: [Steps counted by the update]
+// A scaler-aware step that leaves its outcome on the device (graph_safe mode, a captured
+// step) skips on its optimizer's flag, which the host never reads. The update that ends
+// its iteration counts it from that flag before take_found_inf sets the flag back: taken
+// or skipped (kCountStepsTaken, kCountStepsSkipped), and its outcome kept per ordinal (1:
+// skipped) until that ordinal steps again, where step_skipped() reads it. The ordinals
+// that stepped so go to the update by value (SteppedOrdinals), so a captured update counts
+// exactly the steps captured with it, on every replay, with no launch in step().
+constexpr int kSteppedWords = 4;
+constexpr int kMaxSteppedOrdinals = 64 * kSteppedWords;
+
+struct SteppedOrdinals {
+  uint64_t words[kSteppedWords] = {};
+
+  LUCID_HOST_DEVICE bool has(int64_t ordinal) const {
+    return ordinal < kMaxSteppedOrdinals && ((words[ordinal / 64] >> (ordinal % 64)) & 1) != 0;
+  }
+  // `ordinal` below kMaxSteppedOrdinals.
+  void add(int ordinal) { words[ordinal / 64] |= uint64_t{1} << (ordinal % 64); }
+  bool any() const {
+    for (const uint64_t w : words) {
+      if (w != 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+// Counts the steps of `stepped` into `counts` by their flags `flags[0..n)`, and keeps each
+// one's outcome in `outcomes` (n entries); call it before take_found_inf.
+LUCID_HOST_DEVICE inline void count_steps(int64_t* counts, float* outcomes, const float* flags,
+                                          int64_t n, const SteppedOrdinals& stepped) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (stepped.has(j)) {
+      const bool skipped = flags[j] != 0.0f;
+      counts[skipped ? kCountStepsSkipped : kCountStepsTaken] += 1;
+      outcomes[j] = skipped ? 1.0f : 0.0f;
+    }
+  }
 }
 
 // The step log (NOTE: [Step log] in step_log.h): a float64 tensor of 1 + kStepLogRows

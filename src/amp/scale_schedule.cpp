@@ -85,9 +85,12 @@ ScaleSchedule::Proposal ScaleSchedule::propose(const at::Tensor& flags,
   p.growth_tracker = growth_tracker_.clone();
   p.overflow_tracker = overflow_tracker_.defined() ? overflow_tracker_.clone() : at::Tensor();
   p.target = record;
-  p.record = {record.counts.clone(), record.log.defined() ? record.log.clone() : at::Tensor(),
+  p.record = {record.counts.clone(),
+              record.log.defined() ? record.log.clone() : at::Tensor(),
               record.grad_norm,
-              record.overflow_site.defined() ? record.overflow_site.clone() : at::Tensor()};
+              record.overflow_site.defined() ? record.overflow_site.clone() : at::Tensor(),
+              record.step_outcomes.defined() ? record.step_outcomes.clone() : at::Tensor(),
+              record.stepped};
   p.target_flags = flags;
   p.flags = flags.clone();
   run_update_kernel(p.scale, p.growth_tracker, p.overflow_tracker, p.flags, p.record);
@@ -122,6 +125,9 @@ void ScaleSchedule::commit(const Proposal& proposal) {
   }
   if (proposal.target.overflow_site.defined()) {
     proposal.target.overflow_site.copy_(proposal.record.overflow_site);
+  }
+  if (proposal.target.step_outcomes.defined()) {
+    proposal.target.step_outcomes.copy_(proposal.record.step_outcomes);
   }
   proposal.target_flags.copy_(proposal.flags);
 }

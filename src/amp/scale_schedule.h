@@ -86,8 +86,8 @@ class ScaleSchedule {
     at::Tensor scale;
     at::Tensor growth_tracker;
     at::Tensor overflow_tracker;
-    // Copies of `target`'s counts, log and overflow site, and of the flags, written by
-    // the update.
+    // Copies of `target`'s counts, log, overflow site and step outcomes, and of the
+    // flags, written by the update.
     UpdateRecord record;
     at::Tensor flags;
     UpdateRecord target;      // the record handed to propose()

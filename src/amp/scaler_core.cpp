@@ -280,6 +280,13 @@ bool ScalerCore::step(const OptimizerView& view) {
   }
   const bool scaler_aware = static_cast<bool>(view.set_grad_scaling);
   const bool on_device = counts_on_device(::lucid::capturing(schedule_.scale().device()));
+  TORCH_CHECK(
+      !(scaler_aware && on_device) || record.ordinal < kMaxSteppedOrdinals, "GradScaler::step: ",
+      options().graph_safe() ? "in graph_safe mode" : "in a step captured in a CUDA graph",
+      " the update counts each optimizer's step on the device, for at most ", kMaxSteppedOrdinals,
+      " optimizers per iteration; this is optimizer ", record.ordinal + 1,
+      " since the last update(). Step fewer optimizers per update(), or group their "
+      "parameters into fewer optimizers. Nothing was changed.");
   if (!scaler_aware && on_device) {
     const bool graph_safe = options().graph_safe();
     TORCH_CHECK(false, "GradScaler::step: ",
@@ -332,8 +339,9 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
   record.stage = OptimizerStage::kStepped;
   if (on_device) {
     // The host never learns here whether the step was skipped: the flag stays unread and
-    // the device counts the outcome (NOTE: [Counting on the device]).
-    diagnostics_.note_device_step(view.key, record.found_inf);
+    // the update counts the outcome (NOTE: [Steps counted by the update]).
+    record.counted_by_update = true;
+    diagnostics_.note_device_step(view.key, record.ordinal, records_.step_outcomes());
     return true;
   }
   // The device skipped the step or not; the host learns which when the flag's copy has
@@ -414,7 +422,7 @@ std::vector<ScalerDiagnostics::LateFlag> ScalerCore::read_landed_flags(bool* fou
 
 bool ScalerCore::step_skipped(OptimizerKey key) {
   resolve_outcomes();
-  return diagnostics_.step_skipped(key);
+  return diagnostics_.step_skipped(key, records_.flags(), records_.step_outcomes());
 }
 
 const std::optional<OverflowReport>& ScalerCore::last_overflow() {
@@ -438,8 +446,9 @@ void ScalerCore::update(std::optional<double> new_scale) {
     check_scale_within_guards(value, options().min_scale(), options().max_scale(),
                               "update(new_scale)");
     schedule_.set(value);
-    // No update kernel takes this iteration's flags and logs it, so none sets its flags
-    // and its overflow site back.
+    // No update kernel takes this iteration's flags and logs it, so none counts its steps
+    // or sets its flags and its overflow site back.
+    count_steps_without_update();
     records_.clear_flags();
     diagnostics_.step_log().forget_overflow_site();
     finish_iteration();
@@ -457,6 +466,7 @@ void ScalerCore::update(std::optional<double> new_scale) {
                 "backward() on the scaled loss, or turn the option strict_inf_checks "
                 "off to count such updates instead.");
     diagnostics_.note_update_without_checks();
+    count_steps_without_update();
     finish_iteration();
     return;
   }
@@ -490,7 +500,12 @@ std::optional<BackoffEvent> ScalerCore::update_on_device(bool capturing) {
   const at::Tensor& flags = records_.flags();
   DeviceTally& tally = diagnostics_.tally();
   const StepLog& log = diagnostics_.step_log();
-  const UpdateRecord record{tally.update_counts(), log.rows(), clip_norm_, log.overflow_site()};
+  const UpdateRecord record{tally.update_counts(),
+                            log.rows(),
+                            clip_norm_,
+                            log.overflow_site(),
+                            records_.step_outcomes(),
+                            records_.counted_by_update()};
   if (decide_on_host && found) {
     return update_deciding_on_host(flags, record);
   }
@@ -576,6 +591,14 @@ void ScalerCore::check_overflow_streak(int64_t streak) const {
               "loss or the model, or lower the learning rate.");
 }
 
+void ScalerCore::count_steps_without_update() {
+  UpdateRecord record;
+  record.counts = diagnostics_.tally().update_counts();
+  record.step_outcomes = records_.step_outcomes();
+  record.stepped = records_.counted_by_update();
+  count_steps_(records_.flags(), record);
+}
+
 void ScalerCore::finish_iteration() {
   records_.clear();
   clip_norm_ = at::Tensor();
@@ -591,7 +614,14 @@ OptimizerStage ScalerCore::stage(OptimizerKey key) const {
 
 ScalerCounters ScalerCore::counters() {
   resolve_outcomes();
-  return diagnostics_.all_counters(options());
+  ScalerCounters counters = diagnostics_.all_counters(options());
+  // This iteration's steps that its update will count, from their flags.
+  records_.for_each([&counters](OptimizerKey, OptimizerRecord& record) {
+    if (record.counted_by_update) {
+      ++(record.found_inf.item<float>() != 0.0f ? counters.steps_skipped : counters.steps_taken);
+    }
+  });
+  return counters;
 }
 
 at::Tensor ScalerCore::found_inf(OptimizerKey key) const {

@@ -107,6 +107,9 @@ class ScalerCore {
   // Throws when `streak` (this overflowing update's, itself included) reaches
   // max_overflow_streak.
   void check_overflow_streak(int64_t streak) const;
+  // Counts the steps that this iteration's update would have counted, where it ends
+  // without one.
+  void count_steps_without_update();
   void finish_iteration();
 
   ScaleSchedule schedule_;  // holds the options (growth, backoff and guards follow loads)

@@ -221,13 +221,19 @@ void ScalerDiagnostics::reset(const ScalerCounters* counters) {
   tally_.reset(counters_.overflow_streak);
 }
 
-bool ScalerDiagnostics::step_skipped(OptimizerKey key) const {
-  // The newer of what the host learnt and what the device counted.
+bool ScalerDiagnostics::step_skipped(OptimizerKey key, const at::Tensor& flags,
+                                     const at::Tensor& outcomes) const {
+  // The newer of what the host learnt and what the device counted: a step of this
+  // iteration by its flag, an older one by its outcome.
   const auto host = last_step_.find(key);
   const DeviceTally::Step* device = tally_.last_step(key);
   if (device != nullptr &&
       (host == last_step_.end() || device->iteration >= host->second.iteration)) {
-    return device->skipped.item<bool>();
+    const at::Tensor& outcome = device->outcome.defined()
+                                    ? device->outcome
+                                    : (device->iteration == counters_.updates ? flags : outcomes)
+                                          .select(0, device->ordinal);
+    return outcome.item<float>() != 0.0f;
   }
   return host != last_step_.end() && host->second.skipped;
 }

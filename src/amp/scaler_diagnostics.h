@@ -59,10 +59,11 @@ class ScalerDiagnostics {
  public:
   // A step() of this iteration decided whether it skipped the optimizer with key `key`.
   void note_step(OptimizerKey key, bool skipped) { note_step(key, skipped, counters_.updates); }
-  // A step() of this iteration left its outcome on the device, counted there (NOTE:
-  // [Counting on the device]): `found_inf` is its flag.
-  void note_device_step(OptimizerKey key, const at::Tensor& found_inf) {
-    tally_.note_step(key, found_inf, counters_.updates);
+  // A step() of this iteration left its outcome on the device, for the update to count
+  // (NOTE: [Counting on the device]): its place in the iteration `ordinal`, and the
+  // iteration's step outcomes `outcomes` (OptimizerRecords::step_outcomes).
+  void note_device_step(OptimizerKey key, int ordinal, const at::Tensor& outcomes) {
+    tally_.note_step(key, ordinal, counters_.updates, outcomes);
   }
   // The host learnt that an optimizer overflowed in this iteration; `view` lists its
   // gradients, or is null where they are not to be inspected (an optimizer that was only
@@ -110,7 +111,9 @@ class ScalerDiagnostics {
   // the log so far are kept).
   void reset(const ScalerCounters* counters);
 
-  bool step_skipped(OptimizerKey key) const;
+  // Whether the last step of `key` was skipped; `flags` and `outcomes`: the iteration's
+  // (OptimizerRecords), where the device counted that step.
+  bool step_skipped(OptimizerKey key, const at::Tensor& flags, const at::Tensor& outcomes) const;
   const std::optional<OverflowReport>& last_overflow() const { return last_overflow_; }
   // The report of the iteration in progress, if it has one.
   const OverflowReport* current_overflow() const;

@@ -2,7 +2,8 @@
 // CPU twin of the device-side scale update (src/amp/cuda/update_scale_kernel.cu): both
 // take the iteration's flags (detail::take_found_inf), apply detail::next_scale_state (the
 // rule, in amp/scale_rule.h) and write the result back, so a schedule is identical on any
-// device; both count what the update did (detail::count_update) and log it
+// device; both count the steps it ends (detail::count_steps) and what the update did
+// (detail::count_update), and log it
 // (detail::log_update) where asked to.
 
 #include "amp/cpu/amp_kernels.h"
@@ -18,6 +19,10 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& ov
   int32_t* tracker_ptr = growth_tracker.data_ptr<int32_t>();
   int32_t* overflow_ptr =
       overflow_tracker.defined() ? overflow_tracker.data_ptr<int32_t>() : nullptr;
+  if (record.step_outcomes.defined()) {
+    detail::count_steps(record.counts.data_ptr<int64_t>(), record.step_outcomes.data_ptr<float>(),
+                        flags.data_ptr<float>(), flags.numel(), record.stepped);
+  }
   const float flag = detail::take_found_inf(flags.data_ptr<float>(), flags.numel());
   const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;

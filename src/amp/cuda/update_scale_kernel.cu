@@ -12,10 +12,14 @@ namespace {
 
 __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
                                     int32_t* overflow_tracker, float* flags, int64_t flag_count,
-                                    detail::ScaleRule rule, int64_t* counts, double* log,
+                                    detail::ScaleRule rule, int64_t* counts, float* step_outcomes,
+                                    detail::SteppedOrdinals stepped, double* log,
                                     const float* grad_norm, int64_t* site) {
   detail::ScaleState state{*scale, *growth_tracker,
                            overflow_tracker != nullptr ? *overflow_tracker : 0};
+  if (step_outcomes != nullptr) {
+    detail::count_steps(counts, step_outcomes, flags, flag_count, stepped);
+  }
   const float flag = detail::take_found_inf(flags, flag_count);
   const bool found = flag != 0.0f;
   detail::ScaleEvent event = detail::ScaleEvent::kNone;
@@ -37,10 +41,12 @@ __global__ void update_scale_kernel(float* scale, int32_t* growth_tracker,
 
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 float* flags, int64_t flag_count, const detail::ScaleRule& rule,
-                                int64_t* counts, double* log, const float* grad_norm, int64_t* site,
-                                cudaStream_t stream) {
+                                int64_t* counts, float* step_outcomes,
+                                const detail::SteppedOrdinals& stepped, double* log,
+                                const float* grad_norm, int64_t* site, cudaStream_t stream) {
   update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, overflow_tracker, flags,
-                                           flag_count, rule, counts, log, grad_norm, site);
+                                           flag_count, rule, counts, step_outcomes, stepped, log,
+                                           grad_norm, site);
   return cudaGetLastError();
 }
 

@@ -27,6 +27,10 @@ namespace cuda {
 //   rule:             the update's parameters, passed to the kernel by value.
 //   counts:           device pointer to detail::kUpdateCountFields int64 counters that the
 //                     update advances (detail::count_update), or null.
+//   step_outcomes:    device pointer to `flag_count` float32 outcomes of the steps in
+//                     `stepped`, counted into `counts` first (detail::count_steps), or null
+//                     (then `counts` must not be null where it is not).
+//   stepped:          the ordinals whose steps are counted, by value.
 //   log:              device pointer to the step log (detail::log_update), or null.
 //   grad_norm:        device pointer to the float32 norm the log records, or null (none).
 //   site:             device pointer to the iteration's overflow site, which the log
@@ -34,8 +38,9 @@ namespace cuda {
 // All on one device. Returns cudaGetLastError() after the launch.
 cudaError_t launch_update_scale(float* scale, int32_t* growth_tracker, int32_t* overflow_tracker,
                                 float* flags, int64_t flag_count, const detail::ScaleRule& rule,
-                                int64_t* counts, double* log, const float* grad_norm, int64_t* site,
-                                cudaStream_t stream);
+                                int64_t* counts, float* step_outcomes,
+                                const detail::SteppedOrdinals& stepped, double* log,
+                                const float* grad_norm, int64_t* site, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace amp

@@ -116,9 +116,27 @@ at::Tensor take_found_inf(const at::Tensor& flags) {
   return bits.to(at::kFloat);
 }
 
+}  // namespace
+
+void count_steps_(const at::Tensor& flags, const UpdateRecord& record) {
+  const at::Tensor taken_skipped = record.counts.narrow(0, detail::kCountStepsTaken, 2);
+  for (int64_t j = 0; j < flags.numel(); ++j) {
+    if (record.stepped.has(j)) {
+      const at::Tensor skipped = flags.select(0, j).ne(0);
+      taken_skipped.add_(at::stack({skipped.logical_not(), skipped}));
+      record.step_outcomes.select(0, j).copy_(skipped);
+    }
+  }
+}
+
+namespace {
+
 void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, at::Tensor& overflow_tracker,
                    const at::Tensor& flags, const detail::ScaleRule& rule,
                    const UpdateRecord& record) {
+  if (record.step_outcomes.defined()) {
+    count_steps_(flags, record);
+  }
   // Same decisions as detail::next_scale_state, written as selects on the device (no host
   // synchronisation). The products are float32 (no float64 on MPS): with power-of-two
   // factors, the defaults, identical to the CPU and CUDA schedule; with others they may
