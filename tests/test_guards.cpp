@@ -461,6 +461,19 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       }
       const at::Tensor routed_flags = at::tensor(flags);
       const at::Tensor generic_flags = at::tensor(flags);
+      // Half of the optimizers stepped on their flag without the host reading it: the
+      // update counts those steps and keeps their outcomes; the other entries stay.
+      lucid::amp::detail::SteppedOrdinals stepped;
+      for (size_t j = 0; j < flags.size(); ++j) {
+        if (rng() % 2 == 0) {
+          stepped.add(static_cast<int>(j));
+        }
+      }
+      std::vector<float> outcomes(flags.size(), 0.5f);
+      const at::Tensor routed_outcomes = at::tensor(outcomes);
+      const at::Tensor generic_outcomes = at::tensor(outcomes);
+      lucid::amp::detail::count_steps(model_counts.data(), outcomes.data(), flags.data(),
+                                      static_cast<int64_t>(flags.size()), stepped);
       const float found_bits =
           lucid::amp::detail::take_found_inf(flags.data(), static_cast<int64_t>(flags.size()));
       ASSERT_TRUE(std::all_of(flags.begin(), flags.end(), [](float f) { return f == 0.0f; }));
@@ -488,10 +501,14 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       ASSERT_EQ(site[1] + site[2], 0);
       const at::Tensor logged_norm = clipped ? norm : at::Tensor();
       lucid::amp::detail::update_scale_(routed[0], routed[1], routed[2], routed_flags, rule,
-                                        {routed[3], routed[4], logged_norm, routed[5]});
+                                        {routed[3], routed[4], logged_norm, routed[5],
+                                         routed_outcomes, stepped});
       lucid::amp::generic::amp_backend().update_scale_(
           generic[0], generic[1], generic[2], generic_flags, rule,
-          {generic[3], generic[4], logged_norm, generic[5]});
+          {generic[3], generic[4], logged_norm, generic[5], generic_outcomes, stepped});
+      for (const at::Tensor& got : {routed_outcomes, generic_outcomes}) {
+        ASSERT_TRUE(at::equal(got, at::tensor(outcomes))) << "trial " << trial << " step " << i;
+      }
       ASSERT_EQ(routed_flags.count_nonzero().item<int64_t>(), 0) << "the update takes the flags";
       ASSERT_EQ(generic_flags.count_nonzero().item<int64_t>(), 0) << "trial " << trial;
       for (const auto* t : {&routed, &generic}) {
@@ -511,6 +528,8 @@ TEST(GuardKernels, CpuTwinRoutedAndGenericFollowOneScheduleAndCountIt) {
       }
     }
     EXPECT_EQ(model_counts[lucid::amp::detail::kCountUpdates], 60);
+    EXPECT_GT(model_counts[lucid::amp::detail::kCountStepsTaken], 0);
+    EXPECT_GT(model_counts[lucid::amp::detail::kCountStepsSkipped], 0);
   }
 }
 
