@@ -136,6 +136,11 @@ class World:
         self.params = [torch.nn.Parameter(_values(shape, program["init"] + i))
                        for i, shape in enumerate(program["shapes"])]
         self.scaler = self.new_scaler(program["scaler"])
+        if lucid and program.get("graph_safe"):
+            # The Python front has no graph_safe keyword (a CUDA capture needs none); the
+            # core it binds has the mode, and the same core with it on replaces its own.
+            options = self.scaler._core.options() | {"graph_safe": True}
+            self.scaler._core = lucid_amp._C._GradScaler(**options)
         self.kept = []  # replaced optimizers and scalers stay alive: no id() is reused
         groups = []
         for indices, lr in zip(program["groups"], program["group_lr"]):
@@ -211,7 +216,7 @@ class Pair:
         # gradients then differed from B's
         self.first_bad = {}
         self.stats = dict(calls=0, both_raised=0, steps=0, skipped=0, updates=0,
-                          backoffs=0, growths=0, first_named=0)
+                          backoffs=0, growths=0, first_named=0, graph_safe_steps=0)
 
     # ---- comparison -------------------------------------------------------------------
 
@@ -503,6 +508,7 @@ class Pair:
         if eb is not None:
             return
         self.stats["steps"] += 1
+        self.stats["graph_safe_steps"] += bool(self.program.get("graph_safe"))
         skip_b = self.b.step_calls == calls[1]
         self.stats["skipped"] += skip_b
         if self.fused and self.program["skip_query"] == "later":

@@ -5,8 +5,8 @@ Hypothesis writes programs: a model of a few float32 parameters of a few shapes 
 two param groups, scaler options (init_scale, growth_factor, backoff_factor,
 growth_interval 1..4, so that the scale grows and backs off within a program), an
 optimizer (lucid_amp.optim's FusedSGD with or without momentum, Nesterov and weight decay,
-FusedAdam, FusedAdamW, amsgrad; or the torch.optim optimizer of the same rule driven by
-lucid_amp's scaler), and up to MAX_CALLS calls: scale(loss).backward() with a gradient
+FusedAdam, FusedAdamW, amsgrad, with lucid_amp's scaler in the default or the graph_safe
+mode; or the torch.optim optimizer of the same rule driven by lucid_amp's scaler), and up to MAX_CALLS calls: scale(loss).backward() with a gradient
 now and then poisoned by inf or NaN, unscale_, clip_grad_norm_ (the scaler's, and
 lucid_amp.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_), step, update (also with
 a new scale, a float or a tensor), state_dict/load_state_dict of the scaler (into itself
@@ -256,6 +256,9 @@ def programs(draw):
         "group_lr": group_lr,
         "init": draw(st.integers(0, 1000)),
         "skip_query": draw(st.sampled_from(["now", "later"])),
+        # lucid_amp's scaler in graph_safe mode, where the update counts the fused
+        # optimizer's steps on the device: a third of the programs with one
+        "graph_safe": fused and draw(st.integers(0, 2)) == 0,
         "ops": ops,
     }
 
