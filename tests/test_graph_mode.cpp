@@ -501,6 +501,47 @@ TEST_F(GraphModeCuda, CapturedFusedSgdFollowsAnLrScheduleOver100ReplaysWithOverf
   expect_captured_run_follows_schedule(gpu, /*adam=*/false);
 }
 
+// An optimizer's last step counted by the update keeps its outcome at its place in the
+// iteration until another optimizer's step takes that place; a captured step cannot copy
+// it aside first (the copy would run at each replay, after the entry was overwritten), so
+// that outcome is reported unknown rather than answered wrong.
+TEST_F(GraphModeCuda, AnOutcomeWhosePlaceACapturedStepTookIsReportedUnknown) {
+  torch::manual_seed(1);
+  torch::nn::Linear a_model(8, 8), k_model(8, 8);
+  a_model->to(gpu);
+  k_model->to(gpu);
+  FusedSGD a(a_model->parameters(), FusedSGDOptions(0.1));
+  FusedSGD k(k_model->parameters(), FusedSGDOptions(0.1));
+  GradScaler scaler(GradScalerOptions().graph_safe(true));
+  const torch::Tensor x = torch::randn({2, 8}, gpu);
+  const auto iterate = [&](torch::nn::Linear& model, FusedSGD& optimizer) {
+    optimizer.zero_grad();
+    scaler.scale(model->forward(x).pow(2).mean()).backward();
+    scaler.step(optimizer);
+    scaler.update();
+  };
+  torch::cuda::synchronize();
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    iterate(k_model, k);  // k at place 0
+    iterate(a_model, a);  // a takes place 0 eagerly: k's outcome is copied aside
+    EXPECT_FALSE(scaler.step_skipped(k));
+    EXPECT_FALSE(scaler.step_skipped(a));
+    at::cuda::CUDAGraph captured;
+    captured.capture_begin();
+    iterate(k_model, k);  // k takes place 0 back while capturing
+    captured.capture_end();
+    captured.replay();
+    captured.replay();
+  }
+  torch::cuda::synchronize();
+  EXPECT_FALSE(scaler.step_skipped(k));
+  EXPECT_TRUE(ThrowsExactly<c10::Error>("is not known", [&] { scaler.step_skipped(a); }));
+  iterate(a_model, a);  // a steps again: its outcome is known again
+  EXPECT_FALSE(scaler.step_skipped(a));
+}
+
 TEST_F(GraphModeCuda, AFirstStepInsideACaptureIsRefused) {
   torch::nn::Linear model(8, 8);
   model->to(gpu);

@@ -3,6 +3,8 @@
 
 #include "amp/device_tally.h"
 
+#include "common/device_kernels.h"
+
 namespace lucid {
 namespace amp {
 namespace detail {
@@ -25,14 +27,20 @@ void DeviceTally::note_step(OptimizerKey key, int ordinal, int64_t iteration,
   }
   OptimizerKey& owner = ordinal_owner_[ordinal];
   if (owner && owner != key) {
+    // A copy queued while capturing would run only at each replay, after the replays
+    // before it overwrote the entry: that outcome is then lost, not kept wrong.
     Step& previous = last_step_.at(owner);
-    previous.outcome = outcomes.select(0, ordinal).clone();
+    if (::lucid::capturing(outcomes.device())) {
+      previous.lost = true;
+    } else {
+      previous.outcome = outcomes.select(0, ordinal).clone();
+    }
   }
   Step& last = last_step_[key];
-  if (!last.outcome.defined() && ordinal_owner_[last.ordinal] == key) {
+  if (ordinal_owner_[last.ordinal] == key) {
     ordinal_owner_[last.ordinal] = OptimizerKey();
   }
-  last = {ordinal, iteration, at::Tensor()};
+  last = {ordinal, iteration, at::Tensor(), false};
   owner = key;
 }
 

@@ -15,7 +15,9 @@
 // iteration counts it from its flag (NOTE: [Steps counted by the update] in
 // scale_rule.h) and keeps its outcome in its ordinal's entry of the step outcomes. The
 // host remembers which ordinal each optimizer's last such step had; before another
-// optimizer's step takes that ordinal over, the entry is copied aside for the first.
+// optimizer's step takes that ordinal over, the entry is copied aside for the first (not
+// while capturing: the copy would run at each replay, after the entry was overwritten,
+// so that outcome is lost and step_skipped() says so).
 // The tally and the outcomes are read when asked for (counters(), step_skipped(), an
 // update() that must decide on the host), never otherwise inside step() or update(). The
 // tally is made with the scale, by the first scale(), which a capture follows (CUDA
@@ -64,6 +66,9 @@ class DeviceTally {
     int ordinal = 0;
     int64_t iteration = 0;
     at::Tensor outcome;  // float32, 0-dim: its copy aside; undefined: the ordinal's entry
+    // A step captured in a CUDA graph took the ordinal over before its entry was copied
+    // aside: the outcome is not known.
+    bool lost = false;
   };
   // The last step of `key` counted here, or null (no read).
   const Step* last_step(OptimizerKey key) const;

@@ -229,6 +229,13 @@ bool ScalerDiagnostics::step_skipped(OptimizerKey key, const at::Tensor& flags,
   const DeviceTally::Step* device = tally_.last_step(key);
   if (device != nullptr &&
       (host == last_step_.end() || device->iteration >= host->second.iteration)) {
+    TORCH_CHECK(!device->lost,
+                "step_skipped(optimizer): the outcome of this optimizer's last step (iteration ",
+                device->iteration,
+                ") is not known: a step of another optimizer captured in a CUDA graph took "
+                "its place in the iteration before the outcome was kept. Ask step_skipped() "
+                "before capturing, or step the same optimizers in the same order in the "
+                "captured iteration as before it.");
     const at::Tensor& outcome = device->outcome.defined()
                                     ? device->outcome
                                     : (device->iteration == counters_.updates ? flags : outcomes)
