@@ -542,6 +542,67 @@ TEST_F(GraphModeCuda, AnOutcomeWhosePlaceACapturedStepTookIsReportedUnknown) {
   EXPECT_FALSE(scaler.step_skipped(a));
 }
 
+// The overflow flags are made eagerly, 4 at first, and grow for an iteration with more
+// optimizers; they cannot grow inside a capture (the copy of the old ones would replay
+// from a store no update sets back), so a captured iteration with more optimizers than
+// any before it is refused before anything is queued; after an eager iteration with all
+// of them the same capture runs.
+TEST_F(GraphModeCuda, ACaptureThatWouldGrowTheFlagsIsRefusedUntilAnEagerIterationGrewThem) {
+  constexpr int kOptimizers = 5;
+  torch::manual_seed(2);
+  std::vector<torch::nn::Linear> models;
+  std::vector<std::unique_ptr<FusedSGD>> optimizers;
+  for (int j = 0; j < kOptimizers; ++j) {
+    models.emplace_back(4, 4);
+    models.back()->to(gpu);
+    optimizers.push_back(
+        std::make_unique<FusedSGD>(models.back()->parameters(), FusedSGDOptions(0.1)));
+  }
+  GradScaler scaler;
+  const torch::Tensor x = torch::randn({2, 4}, gpu);
+  const auto iterate = [&](int count) {
+    for (int j = 0; j < count; ++j) {
+      optimizers[j]->zero_grad();
+      scaler.scale(models[j]->forward(x).sum()).backward();
+      scaler.step(*optimizers[j]);
+    }
+    scaler.update();
+  };
+  torch::cuda::synchronize();
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard on_side(side);
+  // Every optimizer steps once eagerly (a fused optimizer's first step must), one per
+  // iteration: the flags keep their 4 entries.
+  for (int j = 0; j < kOptimizers; ++j) {
+    optimizers[j]->zero_grad();
+    scaler.scale(models[j]->forward(x).sum()).backward();
+    scaler.step(*optimizers[j]);
+    scaler.update();
+  }
+  {
+    at::cuda::CUDAGraph captured;
+    captured.capture_begin();
+    const std::string message = message_of([&] { iterate(kOptimizers); });
+    try {
+      captured.capture_end();
+    } catch (const c10::Error&) {
+    }
+    EXPECT_NE(message.find("cannot grow inside a capture"), std::string::npos) << message;
+  }
+  side.synchronize();
+  scaler.update(scaler.get_scale());  // ends the refused iteration
+  iterate(kOptimizers);               // grows the flags eagerly
+  const auto before = models[4]->weight.detach().clone();
+  at::cuda::CUDAGraph captured;
+  captured.capture_begin();
+  iterate(kOptimizers);
+  captured.capture_end();
+  captured.replay();
+  side.synchronize();
+  EXPECT_FALSE(torch::equal(models[4]->weight.detach(), before)) << "the replay stepped";
+  EXPECT_FALSE(scaler.step_skipped(*optimizers[4]));
+}
+
 TEST_F(GraphModeCuda, AFirstStepInsideACaptureIsRefused) {
   torch::nn::Linear model(8, 8);
   model->to(gpu);

@@ -3,6 +3,8 @@
 
 #include "amp/optimizer_records.h"
 
+#include "common/device_kernels.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -86,6 +88,15 @@ const at::Tensor& OptimizerRecords::flag_of(const OptimizerRecord& record) {
   TORCH_INTERNAL_ASSERT(flags_.defined(), "the flags are made with the scale");
   const auto held = static_cast<int64_t>(flag_entries_.size());
   if (record.ordinal >= held) {
+    // Grown inside a capture, the copy of the old flags would run at each replay from a
+    // store that the later replays' update no longer sets back to 0.
+    TORCH_CHECK(!::lucid::capturing(store_.device()),
+                "GradScaler: the iteration being captured in a CUDA graph checks more "
+                "optimizers (",
+                record.ordinal + 1, ") than any iteration before it (", held,
+                " at most), and the scaler's overflow flags cannot grow inside a capture. Run "
+                "one iteration with all of these optimizers before capturing. Nothing was "
+                "changed.");
     at::Tensor grown =
         at::zeros({2, std::max<int64_t>(2 * held, record.ordinal + 1)}, store_.options());
     grown.narrow(1, 0, held).copy_(store_);

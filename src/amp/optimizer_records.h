@@ -80,7 +80,8 @@ class OptimizerRecords {
   const at::Tensor& flags() const { return flags_; }
   // The flag a check of `record` raises: its entry of flags(). An iteration with more
   // optimizers than flags() holds grows them, the flags of this iteration kept, and every
-  // record's found_inf is then the new entry.
+  // record's found_inf is then the new entry; c10::Error while the flags' device is being
+  // captured into a CUDA graph, where they cannot grow.
   const at::Tensor& flag_of(const OptimizerRecord& record);
   // Sets every flag back to 0, where an iteration ends without the update kernel.
   void clear_flags() { flags_.zero_(); }

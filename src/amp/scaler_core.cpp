@@ -173,10 +173,10 @@ at::Tensor ScalerCore::scale(const at::Tensor& outputs) {
 void ScalerCore::record_overflow(const OptimizerView& view, OptimizerRecord& record,
                                  GradientPass pass) {
   const CheckedGradients checked = checked_gradients(view, record.ordinal, diagnostics_);
-  record.had_gradients = !checked.grads.empty();
   // With no gradients (e.g. this rank holds no shard of this optimizer) the flag is still
   // recorded, clean, so that a hook runs on every rank alike.
   at::Tensor found_inf = records_.flag_of(record);
+  record.had_gradients = !checked.grads.empty();
   raising_or_clean(found_inf, [&] {
     if (pass == GradientPass::kUnscale) {
       unscale_grads_(checked.grads, schedule_.scale(), found_inf, checked.site);
@@ -220,9 +220,9 @@ at::Tensor ScalerCore::clip_grad_norm_(const OptimizerView& view, double max_nor
   OptimizerRecords::check_can_unscale(record);
   const CheckedGradients checked = checked_gradients(view, record.ordinal, diagnostics_);
   const std::vector<at::Tensor>& grads = checked.grads;
-  record.had_gradients = !grads.empty();
   const at::Tensor& scale = schedule_.scale();
   at::Tensor found_inf = records_.flag_of(record);
+  record.had_gradients = !grads.empty();
   // NOTE: [Clipping in the check pass] The one read pass checks the gradients and
   // accumulates their norm; the clip coefficient (PyTorch's: max_norm / (norm + 1e-6),
   // at most 1) then folds into the scale the gradients are divided by. A scaler-aware
