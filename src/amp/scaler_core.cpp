@@ -615,12 +615,17 @@ OptimizerStage ScalerCore::stage(OptimizerKey key) const {
 ScalerCounters ScalerCore::counters() {
   resolve_outcomes();
   ScalerCounters counters = diagnostics_.all_counters(options());
-  // This iteration's steps that its update will count, from their flags.
-  records_.for_each([&counters](OptimizerKey, OptimizerRecord& record) {
-    if (record.counted_by_update) {
-      ++(record.found_inf.item<float>() != 0.0f ? counters.steps_skipped : counters.steps_taken);
+  // This iteration's steps that its update will count, from their flags (one read).
+  const SteppedOrdinals stepped = records_.counted_by_update();
+  if (stepped.any()) {
+    const at::Tensor flags = records_.flags().to(at::kCPU);
+    const float* flag = flags.data_ptr<float>();
+    for (int64_t j = 0; j < flags.numel(); ++j) {
+      if (stepped.has(j)) {
+        ++(flag[j] != 0.0f ? counters.steps_skipped : counters.steps_taken);
+      }
     }
-  });
+  }
   return counters;
 }
 
