@@ -40,17 +40,75 @@ using amp::GradScaler;
 using amp::GradScalerOptions;
 using amp::OptimizerView;
 
-// Parameters of one optimizer, one list per param group, as Python hands them over; the
-// view refers into it, so it lives for the whole call.
-using ParamGroups = std::vector<std::vector<at::Tensor>>;
+// Parameters of one optimizer, one list per param group, as Python hands them over (a
+// sequence of sequences of tensors), for one call. The tensors are borrowed, not copied: a
+// copy of a tensor that Python owns costs about 40 ns (its reference count, and through
+// it the Python object's), a large part of a step's host time at hundreds of parameters.
+// Each group is held as a tuple, which nobody can change, so every borrowed tensor lives
+// as long as this object; whoever keeps one beyond the call copies it.
+class ParamGroups {
+ public:
+  explicit ParamGroups(py::handle groups) {
+    const py::object outer = as_tuple(groups, "param groups must be a sequence of lists of tensors");
+    const Py_ssize_t n = PyTuple_GET_SIZE(outer.ptr());
+    held_.reserve(static_cast<size_t>(n));
+    lists_.resize(static_cast<size_t>(n));
+    for (Py_ssize_t g = 0; g < n; ++g) {
+      held_.push_back(as_tuple(PyTuple_GET_ITEM(outer.ptr(), g), "a param group must be a list of tensors"));
+      PyObject* params = held_.back().ptr();
+      std::vector<at::Tensor>& list = lists_[static_cast<size_t>(g)].tensors;
+      list.reserve(static_cast<size_t>(PyTuple_GET_SIZE(params)));
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(params); ++i) {
+        PyObject* item = PyTuple_GET_ITEM(params, i);
+        TORCH_CHECK_TYPE(THPVariable_Check(item), "lucid_amp: parameter ", i, " of param group ",
+                         g, " is a ", Py_TYPE(item)->tp_name, ", not a tensor.");
+        list.push_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(THPVariable_Unpack(item)));
+      }
+    }
+  }
+
+  // One group's tensors, as an OptimizerView takes them.
+  c10::ArrayRef<at::Tensor> group(size_t g) const { return lists_[g].tensors; }
+  size_t size() const { return lists_.size(); }
+
+ private:
+  // Borrowed tensors, given back without a decrement of what was never incremented; a
+  // member, so that this runs when the constructor throws half way too.
+  struct Borrowed {
+    Borrowed() = default;
+    Borrowed(const Borrowed&) = delete;
+    Borrowed& operator=(const Borrowed&) = delete;
+    Borrowed(Borrowed&&) = default;
+    ~Borrowed() {
+      for (at::Tensor& t : tensors) {
+        c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
+      }
+    }
+    std::vector<at::Tensor> tensors;
+  };
+
+  // `obj` as a tuple (itself when it is one), TypeError `message` otherwise.
+  static py::object as_tuple(py::handle obj, const char* message) {
+    PyObject* tuple = PySequence_Tuple(obj.ptr());
+    if (tuple == nullptr) {
+      PyErr_Clear();
+      TORCH_CHECK_TYPE(false, "lucid_amp: ", message, ", not a ", Py_TYPE(obj.ptr())->tp_name, ".");
+    }
+    return py::reinterpret_steal<py::object>(tuple);
+  }
+
+  // Declared first, destroyed last: the tuples keep the tensors alive while lists_ goes.
+  std::vector<py::object> held_;
+  std::vector<Borrowed> lists_;
+};
 
 OptimizerView make_view(uintptr_t key, const ParamGroups& groups) {
   TORCH_CHECK(key != 0, "lucid_amp: an optimizer key must not be 0.");
   OptimizerView view;
   view.key = amp::OptimizerKey::from_id(key);
   view.param_groups.reserve(groups.size());
-  for (const auto& group : groups) {
-    view.param_groups.emplace_back(group);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    view.param_groups.push_back(groups.group(g));
   }
   return view;
 }
@@ -246,17 +304,19 @@ void bind_grad_scaler(py::module& m) {
              return self.scale(outputs);
            }))
       .def("unscale_",
-           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups) {
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, py::handle param_lists) {
              if (!self.is_enabled()) {
                return;
              }
+             const ParamGroups groups(param_lists);
              self.unscale_(make_view(key, groups));
            }))
       // The norm of the unscaled gradients; `scaler_aware`: the optimizer takes the scale
       // in its step (PyTorch's fused protocol), so the clip is folded into it there.
       .def("clip_grad_norm_",
-           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups,
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, py::handle param_lists,
                                           double max_norm, double norm_type, bool scaler_aware) {
+             const ParamGroups groups(param_lists);
              OptimizerView view = make_view(key, groups);
              if (scaler_aware) {
                view.set_grad_scaling = [](at::Tensor, at::Tensor) {};
@@ -269,8 +329,9 @@ void bind_grad_scaler(py::module& m) {
       // when its flag's copy has landed or when asked for (OptimizerView::
       // set_grad_scaling), and the Python front returns the optimizer's own result.
       .def("step",
-           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups,
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, py::handle param_lists,
                                           py::function step_fn, py::object set_grad_scaling) {
+             const ParamGroups groups(param_lists);
              OptimizerView view = make_view(key, groups);
              view.step = [&step_fn] { step_fn(); };
              if (!set_grad_scaling.is_none()) {
@@ -301,7 +362,8 @@ void bind_grad_scaler(py::module& m) {
              return self.step_skipped(amp::OptimizerKey::from_id(key));
            }))
       .def("overflowed",
-           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, const ParamGroups& groups) {
+           torch::wrap_pybind_function([](GradScaler& self, uintptr_t key, py::handle param_lists) {
+             const ParamGroups groups(param_lists);
              return self.overflowed(make_view(key, groups));
            }))
       .def("state_dict", torch::wrap_pybind_function([](GradScaler& self) {

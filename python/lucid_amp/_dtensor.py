@@ -93,7 +93,9 @@ def local_param(param: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def local_param_groups(optimizer, groups: List[List[torch.Tensor]]) -> List[List[torch.Tensor]]:
+def local_param_groups(
+    optimizer, groups: Sequence[Sequence[torch.Tensor]]
+) -> Sequence[Sequence[torch.Tensor]]:
     """``groups`` (``optimizer``'s parameters) with each DTensor parameter replaced by
     ``local_param``'s alias."""
     if not has_dtensor_params(optimizer):

@@ -224,10 +224,11 @@ def _map_tensors(outputs, fn: Callable[[torch.Tensor], torch.Tensor]):
     raise ValueError("outputs must be a Tensor or an iterable of Tensors")
 
 
-def _param_groups(optimizer) -> List[List[torch.Tensor]]:
+def _param_groups(optimizer) -> List[Tuple[torch.Tensor, ...]]:
     """The parameters the core is given: ``optimizer``'s, a DTensor one as the plain alias
-    of its local shard (lucid_amp._dtensor)."""
-    groups = [list(group["params"]) for group in optimizer.param_groups]
+    of its local shard (lucid_amp._dtensor). Tuples, which the core borrows from without
+    copying them again."""
+    groups = [tuple(group["params"]) for group in optimizer.param_groups]
     return _dtensor.local_param_groups(optimizer, groups)
 
 

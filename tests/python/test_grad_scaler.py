@@ -259,6 +259,20 @@ def test_complex_gradients_raise_not_implemented_error_and_change_nothing(scaler
     assert torch.equal(ok, torch.zeros(2))
 
 
+def test_a_parameter_that_is_not_a_tensor_raises_type_error_and_changes_nothing(scaler):
+    ok = torch.nn.Parameter(torch.zeros(2))
+    ok.grad = torch.full((2,), 2048.0)
+    opt = torch.optim.SGD([ok], lr=1.0)
+    opt.param_groups.append({"params": [ok, "not a tensor"], "lr": 1.0})
+    scaler.scale(torch.ones(1))
+    for call in (scaler.unscale_, scaler.step):
+        with pytest.raises(TypeError, match="parameter 1 of param group 1 is a str, not a tensor"):
+            call(opt)
+        assert torch.equal(ok.grad, torch.full((2,), 2048.0))
+        assert torch.equal(ok, torch.zeros(2))
+        assert scaler.stage(opt) == "ready"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 def test_bfloat16_and_float64_gradients_are_unscaled_in_their_dtype(scaler, dtype):
     grad = torch.tensor([3072.0, -512.0, 1.0], dtype=dtype)
