@@ -560,6 +560,30 @@ TEST(FusedOptimizers, AScalerAwareStepIsCountedOnceWhenItsFlagWasReadBeforeTheSt
   }
 }
 
+TEST(FusedOptimizers, TheOverflowReportOfAStepInspectsTheParametersThatOutliveIt) {
+  // The step's outcome is read by update(), after the optimizer and three of its four
+  // parameters are gone: the report lists the one left, at its own index.
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  scaler.scale(torch::ones({}));
+  torch::Tensor kept;
+  {
+    auto p = make_params(torch::kFloat, 5);
+    set_grads(p, 0, 8.0);
+    p[0].mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
+    p[2].mutable_grad()[0] = std::numeric_limits<float>::quiet_NaN();
+    kept = p[2];
+    FusedSGD sgd(p, FusedSGDOptions(0.1));
+    EXPECT_TRUE(scaler.step(sgd).has_value());
+  }
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+  ASSERT_TRUE(scaler.last_overflow().has_value());
+  EXPECT_EQ(scaler.last_overflow()->optimizers, 1);
+  ASSERT_EQ(scaler.last_overflow()->gradients.size(), 1u);
+  EXPECT_EQ(scaler.last_overflow()->gradients[0].index, 2u);
+  EXPECT_EQ(scaler.last_overflow()->gradients[0].nan_count, 1);
+}
+
 TEST(GraphSafeMode, StepReturnsTheOptimizersValueAndSkipsOnTheDevice) {
   auto p = make_params(torch::kFloat, 13);
   FusedSGD sgd(p, FusedSGDOptions(0.1));

@@ -20,6 +20,8 @@ namespace lucid {
 namespace amp {
 namespace detail {
 
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
 struct OptimizerRecord {
   OptimizerStage stage = OptimizerStage::kReady;
   // Its place in the iteration, from 0: the order of each optimizer's first unscale_,
@@ -46,9 +48,12 @@ struct OptimizerRecord {
   // update] in scale_rule.h).
   bool counted_by_update = false;
   // A scaler-aware step whose outcome the host has not read yet, and its parameters, for
-  // the overflow report.
+  // the overflow report. They are held weakly: a strong copy of each, at every step, would
+  // cost what the step's check does (for a tensor Python owns, its Python object's count
+  // too), while the report, which inspects them only when the flag is set, can do without
+  // a parameter that is gone by then.
   bool outcome_deferred = false;
-  std::vector<std::vector<at::Tensor>> deferred_params;
+  std::vector<std::vector<WeakTensor>> deferred_params;
 };
 
 // The stage machine. The check_* functions throw c10::Error for a call out of order and

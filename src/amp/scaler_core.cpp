@@ -350,25 +350,31 @@ bool ScalerCore::step_scaler_aware(const OptimizerView& view, OptimizerRecord& r
   record.outcome_deferred = true;
   record.deferred_params.clear();
   for (const c10::ArrayRef<at::Tensor> group : view.param_groups) {
-    record.deferred_params.emplace_back(group.begin(), group.end());
+    std::vector<WeakTensor>& params = record.deferred_params.emplace_back();
+    params.reserve(group.size());
+    for (const at::Tensor& p : group) {
+      params.emplace_back(p.getIntrusivePtr());
+    }
   }
   return true;
 }
 
-bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record) {
-  if (!record.found_inf.defined()) {
-    return false;  // not checked in this iteration (its unscale_ or step threw)
+bool ScalerCore::learn_found_inf(OptimizerRecord& record) {
+  if (!record.found_inf.defined() || record.found_inf_read) {
+    return false;  // not checked in this iteration (its unscale_ or step threw), or known
   }
-  if (!record.found_inf_read) {
-    const PendingFlagRead& on_host = record.found_inf_on_host;
-    const float flag = on_host.started() ? on_host.value() : record.found_inf.item<float>();
-    record.found_inf_value = flag != 0.0f;
-    record.found_inf_read = true;
-    if (record.found_inf_value) {
-      diagnostics_.note_overflow(view, schedule_.value());
-    }
-  }
+  const PendingFlagRead& on_host = record.found_inf_on_host;
+  const float flag = on_host.started() ? on_host.value() : record.found_inf.item<float>();
+  record.found_inf_value = flag != 0.0f;
+  record.found_inf_read = true;
   return record.found_inf_value;
+}
+
+bool ScalerCore::read_found_inf(const OptimizerView* view, OptimizerRecord& record) {
+  if (learn_found_inf(record)) {
+    diagnostics_.note_overflow(view, schedule_.value());
+  }
+  return record.found_inf_read && record.found_inf_value;
 }
 
 void ScalerCore::start_reading_found_inf(OptimizerRecord& record) {
@@ -378,11 +384,23 @@ void ScalerCore::start_reading_found_inf(OptimizerRecord& record) {
 }
 
 void ScalerCore::resolve_deferred_step(OptimizerKey key, OptimizerRecord& record) {
-  OptimizerView view;
-  view.key = key;
-  view.param_groups.assign(record.deferred_params.begin(), record.deferred_params.end());
-  const bool overflow = read_found_inf(&view, record);
-  diagnostics_.note_step(key, overflow);
+  if (learn_found_inf(record)) {
+    // The report inspects the parameters that are still there (a gone one is left
+    // undefined, so the others keep their indices).
+    std::vector<std::vector<at::Tensor>> params;
+    OptimizerView view;
+    view.key = key;
+    for (const std::vector<WeakTensor>& group : record.deferred_params) {
+      std::vector<at::Tensor>& locked = params.emplace_back();
+      for (const WeakTensor& p : group) {
+        c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> strong = p.lock();
+        locked.push_back(strong ? at::Tensor(std::move(strong)) : at::Tensor());
+      }
+      view.param_groups.emplace_back(locked);
+    }
+    diagnostics_.note_overflow(&view, schedule_.value());
+  }
+  diagnostics_.note_step(key, record.found_inf_read && record.found_inf_value);
   record.outcome_deferred = false;
   record.deferred_params.clear();
 }

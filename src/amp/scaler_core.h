@@ -81,6 +81,9 @@ class ScalerCore {
   // inspected (an unscale_-only optimizer may be gone). An overflow is reported with the
   // current scale: every read here comes before update() moves it.
   bool read_found_inf(const OptimizerView* view, OptimizerRecord& record);
+  // Reads the flag of `record` if it was made and not read yet (OptimizerRecord::
+  // found_inf_read, found_inf_value); true when this read found it set.
+  bool learn_found_inf(OptimizerRecord& record);
   // Reads the flag of the scaler-aware step of `key` and counts it (its report inspects
   // the parameters the record kept).
   void resolve_deferred_step(OptimizerKey key, OptimizerRecord& record);

@@ -54,6 +54,9 @@ std::vector<NonFiniteGradient> non_finite_gradients(
   for (size_t g = 0; g < view.param_groups.size(); ++g) {
     const auto& params = view.param_groups[g];
     for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].defined()) {
+        continue;  // a parameter that was gone when its late flag was read
+      }
       const at::Tensor& grad = params[i].grad();
       if (!grad.defined()) {
         continue;
