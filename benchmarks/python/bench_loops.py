@@ -8,6 +8,7 @@ in 288), the median of 20 iterations after 5 warm-ups, CUDA events around one it
   * the clipped loop: unscale_ + torch.nn.utils.clip_grad_norm_ (foreach) + step + update,
     and lucid_amp's scaler.clip_grad_norm_ + step + update.
 Ratios are to the bare step of the same optimizer. Usage: python3 bench_loops.py
+[MILLIONS LAYERS ...] (default: 125 12 1300 24, as bench_scaler_step).
 """
 import sys
 
@@ -89,7 +90,10 @@ def main():
         lucid_amp = None
         print("lucid_amp not importable:", e, flush=True)
     torch.manual_seed(0)
-    for total, layers in [(125_000_000, 12), (1_300_000_000, 24)]:
+    # Sizes as bench_scaler_step takes them: millions of parameters and layers, in pairs.
+    args = [int(a) for a in sys.argv[1:]]
+    sizes = [(m * 1_000_000, n) for m, n in zip(args[::2], args[1::2])]
+    for total, layers in sizes or [(125_000_000, 12), (1_300_000_000, 24)]:
         params = make_params(total, layers)
         count = sum(p.numel() for p in params)
         print(f"\n{count} parameters in {len(params)} tensors", flush=True)
