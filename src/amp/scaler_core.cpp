@@ -633,16 +633,16 @@ OptimizerStage ScalerCore::stage(OptimizerKey key) const {
 ScalerCounters ScalerCore::counters() {
   resolve_outcomes();
   ScalerCounters counters = diagnostics_.all_counters(options());
-  // This iteration's steps that its update will count, from their flags (one read).
+  // This iteration's steps that its update will count, counted as it will count them
+  // (count_steps) on a host copy of their flags (one read).
   const SteppedOrdinals stepped = records_.counted_by_update();
   if (stepped.any()) {
     const at::Tensor flags = records_.flags().to(at::kCPU);
-    const float* flag = flags.data_ptr<float>();
-    for (int64_t j = 0; j < flags.numel(); ++j) {
-      if (stepped.has(j)) {
-        ++(flag[j] != 0.0f ? counters.steps_skipped : counters.steps_taken);
-      }
-    }
+    int64_t counts[kUpdateCountFields] = {};
+    std::vector<float> outcomes(static_cast<size_t>(flags.numel()));
+    count_steps(counts, outcomes.data(), flags.data_ptr<float>(), flags.numel(), stepped);
+    counters.steps_taken += counts[kCountStepsTaken];
+    counters.steps_skipped += counts[kCountStepsSkipped];
   }
   return counters;
 }
