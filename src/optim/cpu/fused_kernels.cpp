@@ -45,12 +45,20 @@ void adam_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail:
   const T inv = static_cast<T>(inv_scale);
   const std::vector<Item> items = chunk(params);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+    // The bias corrections of the last step count met: the tensors of a group usually
+    // share it, and two pow() per tensor are most of a small tensor's time.
+    double corrected_step = -1.0;
+    T step_size = 0;
+    T sqrt_bc2 = 0;
     for (int64_t i = b; i < e; ++i) {
       const Item& it = items[i];
       // The step being taken; the counters are incremented after every chunk is done.
       const double step = static_cast<double>(*ptr<float>(lists, steps_list, it.tensor)) + 1.0;
-      const T step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, step)));
-      const T sqrt_bc2 = static_cast<T>(std::sqrt(1.0 - std::pow(h.beta2, step)));
+      if (step != corrected_step) {
+        step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, step)));
+        sqrt_bc2 = static_cast<T>(std::sqrt(1.0 - std::pow(h.beta2, step)));
+        corrected_step = step;
+      }
       const T decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
       T* p = ptr<T>(lists, AdamList::kParam, it.tensor);
       const T* g = ptr<T>(lists, AdamList::kGrad, it.tensor);
