@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <optional>
 
 namespace lucid {
 namespace optim {
@@ -47,14 +48,14 @@ void adam_typed(const std::vector<std::vector<at::Tensor>>& lists, const detail:
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
     // The bias corrections of the last step count met: the tensors of a group usually
     // share it, and two pow() per tensor are most of a small tensor's time.
-    double corrected_step = -1.0;
+    std::optional<double> corrected_step;
     T step_size = 0;
     T sqrt_bc2 = 0;
     for (int64_t i = b; i < e; ++i) {
       const Item& it = items[i];
       // The step being taken; the counters are incremented after every chunk is done.
       const double step = static_cast<double>(*ptr<float>(lists, steps_list, it.tensor)) + 1.0;
-      if (step != corrected_step) {
+      if (!corrected_step.has_value() || step != *corrected_step) {
         step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, step)));
         sqrt_bc2 = static_cast<T>(std::sqrt(1.0 - std::pow(h.beta2, step)));
         corrected_step = step;
